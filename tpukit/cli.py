@@ -1,0 +1,135 @@
+"""The `tpukit` command line: wiring only; the work is in tpukit.migrate, tpukit.explain."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from tpukit import __version__
+from tpukit.config import ConfigError, load_config
+from tpukit.render import Format
+from tpukit.rules import TARGETS, RuleError, load_rules, unknown_prefixes
+
+app = typer.Typer(
+    help="Port PyTorch CUDA training code to TPUs and explain why it is slow there.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """One line on stderr and exit 2: the tool could not do its job."""
+    print(f"tpukit: error: {message}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+def _codes(values: list[str] | None) -> list[str]:
+    codes = [c.strip().upper() for v in values or [] for c in v.split(",") if c.strip()]
+    unknown = unknown_prefixes(codes)
+    if unknown:
+        fail(f"unknown rule code or prefix: {', '.join(unknown)} (see `tpukit rules`)")
+    return codes
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"tpukit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    pass
+
+
+@app.command()
+def migrate(
+    paths: List[Path] = typer.Argument(..., help="Python files or folders to migrate."),
+    diff: bool = typer.Option(False, "--diff", help="Print a unified diff; write nothing."),
+    check: bool = typer.Option(False, "--check",
+                               help="Write nothing; exit 1 if a file would change or a "
+                                    "finding needs a person."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out",
+                                       help="Write migrated copies under this folder, "
+                                            "mirroring the tree; leave the originals alone."),
+    target: Optional[str] = typer.Option(None, "--target", help="xla (default) or torchtpu."),
+    select: Optional[List[str]] = typer.Option(None, "--select",
+                                               help="Only these codes or prefixes (TPU1,TPU901)."),
+    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these codes or prefixes."),
+    unsafe_fixes: bool = typer.Option(False, "--unsafe-fixes",
+                                      help="Also apply fixes that change behaviour."),
+    fmt: Format = typer.Option(Format.TEXT, "--format", help="Output format."),
+    jobs: int = typer.Option(0, "-j", "--jobs", min=0, help="Worker processes (0: one per core)."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print only the summary."),
+    show_fixes: bool = typer.Option(False, "--show-fixes", help="Also list the fixes applied."),
+    exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even with findings."),
+) -> None:
+    """Rewrite CUDA code for TPU in place (or --diff, --check, -o DIR)."""
+    from tpukit.migrate.command import MigrateRequest, UsageError, run_migrate
+    from tpukit.migrate.files import Mode
+
+    if sum([diff, check, out is not None]) > 1:
+        fail("--diff, --check and --out cannot be combined")
+    try:
+        config = load_config(paths[0] if paths else Path.cwd())
+    except ConfigError as exc:
+        fail(str(exc))
+    if target is not None:
+        if target not in TARGETS:
+            fail(f"unknown target {target!r}: choose {' or '.join(TARGETS)}")
+        config.target = target
+    if config.target != "xla":
+        fail(f"target {config.target!r} is not supported yet; use --target xla")
+    config.unsafe_fixes = config.unsafe_fixes or unsafe_fixes
+    mode = Mode.DIFF if diff else Mode.CHECK if check else Mode.OUT if out else Mode.WRITE
+    request = MigrateRequest(
+        paths=list(paths), config=config, mode=mode, out_dir=out, fmt=fmt, jobs=jobs,
+        quiet=quiet, exit_zero=exit_zero, show_fixes=show_fixes,
+        select=_codes(select), ignore=_codes(ignore),
+    )
+    try:
+        code = run_migrate(request)
+    except UsageError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+@app.command()
+def rules(
+    code: Optional[str] = typer.Argument(None, help="A code (TPU101) or prefix (TPU9)."),
+    fmt: Format = typer.Option(Format.TEXT, "--format", help="text or json."),
+) -> None:
+    """List every rule, or explain one: what, why on TPU, the fix, examples."""
+    from tpukit.explain import explain, rules_json, rules_table
+
+    all_rules = list(load_rules().values())
+    chosen = [r for r in all_rules if code is None or r.code.startswith(code.upper())]
+    if not chosen:
+        fail(f"unknown rule {code!r} (see `tpukit rules`)")
+    if fmt is Format.JSON:
+        rules_json(chosen, sys.stdout)
+        return
+    if fmt is not Format.TEXT:
+        fail("`tpukit rules` prints text or json")
+    con = Console(highlight=False, soft_wrap=False)
+    if code is None:
+        rules_table(chosen, con)
+    else:
+        for rule in chosen:
+            explain(rule, con)
+
+
+def main() -> None:
+    try:
+        app()
+    except RuleError as exc:
+        print(f"tpukit: error: broken rule file: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,67 @@
+"""`[tool.tpukit]` in the nearest pyproject.toml: select, ignore, exclude, target."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpukit.rules import TARGETS
+
+KEYS = {"select", "ignore", "exclude", "target", "unsafe-fixes"}
+
+
+class ConfigError(Exception):
+    pass
+
+
+@dataclass
+class Config:
+    select: list[str] = field(default_factory=list)
+    ignore: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
+    target: str = "xla"
+    unsafe_fixes: bool = False
+    path: Path | None = None  # the pyproject.toml it came from
+    root: Path = field(default_factory=Path.cwd)  # exclude patterns are relative to this
+
+
+def find_pyproject(start: Path) -> Path | None:
+    start = start.resolve()
+    for folder in [start, *start.parents] if start.is_dir() else start.parents:
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_config(start: Path) -> Config:
+    path = find_pyproject(start)
+    if path is None:
+        return Config()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    section = data.get("tool", {}).get("tpukit")
+    if section is None:
+        return Config(root=path.parent)
+    unknown = set(section) - KEYS
+    if unknown:
+        raise ConfigError(f"{path}: unknown [tool.tpukit] keys: {', '.join(sorted(unknown))}")
+    for key in ("select", "ignore", "exclude"):
+        value = section.get(key, [])
+        if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise ConfigError(f"{path}: [tool.tpukit] {key} must be a list of strings")
+    target = section.get("target", "xla")
+    if target not in TARGETS:
+        raise ConfigError(f"{path}: [tool.tpukit] target must be one of {', '.join(TARGETS)}")
+    return Config(
+        select=section.get("select", []),
+        ignore=section.get("ignore", []),
+        exclude=section.get("exclude", []),
+        target=target,
+        unsafe_fixes=bool(section.get("unsafe-fixes", False)),
+        path=path,
+        root=path.parent,
+    )

@@ -1,0 +1,1 @@
+"""`tpukit migrate`: the libcst rewriter that ports CUDA training code to TPU."""

@@ -1,0 +1,152 @@
+"""`tpukit migrate`: files -> findings, changes and an exit code (ruff's: 0, 1, 2)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.progress import Progress
+
+from tpukit.config import Config
+from tpukit.findings import FileError
+from tpukit.migrate.files import FileResult, Job, Mode, discover, display_path, run_jobs
+from tpukit.render import Format, Report, render
+from tpukit.rules import select_rules
+
+PROGRESS_MIN_FILES = 20
+
+
+class UsageError(Exception):
+    """Bad arguments: exit 2 with a one-line message."""
+
+
+@dataclass
+class MigrateRequest:
+    paths: list[Path]
+    config: Config
+    mode: Mode = Mode.WRITE
+    out_dir: Path | None = None
+    fmt: Format = Format.TEXT
+    jobs: int = 0  # 0: one per core
+    quiet: bool = False
+    exit_zero: bool = False
+    show_fixes: bool = False
+    select: list[str] = field(default_factory=list)
+    ignore: list[str] = field(default_factory=list)
+
+
+def _mirror(path: Path, base: Path, out_dir: Path) -> Path:
+    return out_dir / path.resolve().relative_to(base)
+
+
+def _base_of(paths: list[Path]) -> Path:
+    folders = [p.resolve() if p.is_dir() else p.resolve().parent for p in paths]
+    return Path(os.path.commonpath([str(f) for f in folders]))
+
+
+def build_jobs(request: MigrateRequest) -> list[Job]:
+    missing = [str(p) for p in request.paths if not p.exists() and not p.is_symlink()]
+    if missing:
+        raise UsageError(f"no such file or directory: {', '.join(missing)}")
+    cfg = request.config
+    exclude = list(cfg.exclude)
+    if request.out_dir is not None:
+        out = request.out_dir.resolve()
+        exclude.append(out.as_posix())
+    files = discover(request.paths, exclude, cfg.root)
+    if request.out_dir is not None:
+        files = [f for f in files if out not in f.resolve().parents]
+    rules = select_rules(request.select or cfg.select, request.ignore or cfg.ignore)
+    codes = tuple(r.code for r in rules)
+    base = _base_of(request.paths)
+    return [
+        Job(
+            path=f,
+            display=display_path(f),
+            mode=request.mode,
+            codes=codes,
+            target=cfg.target,
+            unsafe_fixes=cfg.unsafe_fixes,
+            out_path=_mirror(f, base, request.out_dir) if request.out_dir else None,
+        )
+        for f in files
+    ]
+
+
+def _collect(jobs: list[Job], workers: int, show_progress: bool) -> list[FileResult]:
+    results = []
+    if not show_progress:
+        return list(run_jobs(jobs, workers))
+    with Progress(transient=True, console=None) as progress:
+        task = progress.add_task("migrating", total=len(jobs))
+        for result in run_jobs(jobs, workers):
+            results.append(result)
+            progress.advance(task)
+    return results
+
+
+def summarize(request: MigrateRequest, results: list[FileResult]) -> tuple[dict, str]:
+    findings = [f for r in results for f in r.findings]
+    changed = sum(r.changed for r in results)
+    fixes = sum(f.applied for f in findings)
+    manual = sum(f.needs_person for f in findings)
+    errors = sum(r.error is not None for r in results)
+    summary = {
+        "files": len(results),
+        "files_changed": changed,
+        "fixes": fixes,
+        "needs_person": manual,
+        "errors": errors,
+        "mode": request.mode.value,
+    }
+    if not results:
+        return summary, "No Python files found."
+    verb = {
+        Mode.WRITE: "Changed",
+        Mode.OUT: "Migrated copies written;",
+        Mode.DIFF: "Would change",
+        Mode.CHECK: "Would change",
+    }[request.mode]
+    applied = "fixes applied" if request.mode in (Mode.WRITE, Mode.OUT) else "fixes"
+    line = (
+        f"{verb} {changed} of {len(results)} files ({fixes} {applied}); "
+        f"{manual} finding{'s' if manual != 1 else ''} need{'s' if manual == 1 else ''} a person"
+    )
+    if errors:
+        line += f"; {errors} file{'s' if errors != 1 else ''} could not be migrated"
+    return summary, line + "."
+
+
+def run_migrate(request: MigrateRequest) -> int:
+    jobs = build_jobs(request)
+    workers = request.jobs or os.cpu_count() or 1
+    show_progress = (
+        request.fmt is Format.TEXT and sys.stderr.isatty() and len(jobs) >= PROGRESS_MIN_FILES
+    )
+    results = _collect(jobs, workers, show_progress)
+    if request.mode is Mode.DIFF:
+        for result in results:
+            if result.diff:
+                sys.stdout.write(result.diff)
+    summary, line = summarize(request, results)
+    findings = [f for r in results for f in r.findings]
+    errors: list[FileError] = [r.error for r in results if r.error is not None]
+    report = Report(
+        command="migrate",
+        findings=[] if request.quiet else findings,
+        errors=errors,
+        summary=summary,
+        summary_line=line,
+        show_applied=request.show_fixes or request.mode in (Mode.CHECK, Mode.DIFF),
+    )
+    if request.fmt is not Format.TEXT:
+        report.findings = findings
+    render(report, request.fmt, sys.stdout, sys.stderr)
+    if errors:
+        return 2
+    if request.exit_zero:
+        return 0
+    would_change = request.mode in (Mode.CHECK, Mode.DIFF) and summary["files_changed"] > 0
+    return 1 if would_change or summary["needs_person"] > 0 else 0

@@ -1,0 +1,277 @@
+"""What every rule's code shares while one file is rewritten: name resolution, scopes,
+reporting, and the imports and helpers the rewritten code needs.
+
+Names are resolved from the file's own import statements, in source order, instead of
+libcst's QualifiedNameProvider: scope analysis costs ~6x the parse on large trees, and
+import-based resolution already makes `import torch as th`, `from torch import cuda` and
+`from torch.cuda.amp import autocast as ac` resolve, while a local `cuda` does not.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from tpukit.findings import FixKind
+from tpukit.rules import Rule
+
+# Alias -> how to import it. Replacement templates use these names and nothing else.
+IMPORTS: dict[str, tuple[str, str | None]] = {
+    "torch_xla": ("torch_xla", None),
+    "xm": ("torch_xla.core.xla_model", "xm"),
+    "xr": ("torch_xla.runtime", "xr"),
+    "xp": ("torch_xla.debug.profiler", "xp"),
+    "torch": ("torch", None),
+}
+_ALIAS_USE = re.compile(r"\b(" + "|".join(IMPORTS) + r")\.")
+
+_CUDA_DEVICE = re.compile(r"^cuda(:\d+)?$")
+
+
+def dotted(expr: cst.BaseExpression | None) -> str | None:
+    """`a.b.c` for a Name/Attribute chain, else None."""
+    if isinstance(expr, cst.Name):
+        return expr.value
+    if isinstance(expr, cst.Attribute):
+        base = dotted(expr.value)
+        return None if base is None else f"{base}.{expr.attr.value}"
+    return None
+
+
+def import_target(node: cst.BaseExpression) -> str:
+    return dotted(node) or ""
+
+
+def string_value(expr: cst.BaseExpression) -> str | None:
+    if isinstance(expr, cst.SimpleString):
+        try:
+            value = expr.evaluated_value
+        except Exception:  # noqa: BLE001 - odd prefixes; not a device string then
+            return None
+        return value if isinstance(value, str) else None
+    return None
+
+
+def is_cuda_device_string(expr: cst.BaseExpression) -> bool:
+    """"cuda", "cuda:0", f"cuda:{rank}", "cuda:%d" % r, "cuda:{}".format(r), "cuda:" + str(r)."""
+    value = string_value(expr)
+    if value is not None:
+        return bool(_CUDA_DEVICE.match(value))
+    if isinstance(expr, cst.FormattedString):
+        first = expr.parts[0] if expr.parts else None
+        return isinstance(first, cst.FormattedStringText) and first.value in ("cuda:", "cuda")
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Modulo, cst.Add)):
+        left = string_value(expr.left)
+        return left is not None and left.startswith("cuda:")
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+        left = string_value(expr.func.value)
+        return expr.func.attr.value == "format" and left is not None and left.startswith("cuda:")
+    return False
+
+
+def is_cpu_device(expr: cst.BaseExpression) -> bool:
+    value = string_value(expr)
+    if value is not None:
+        return value == "cpu"
+    if isinstance(expr, cst.Call) and dotted(expr.func) in ("torch.device",) and expr.args:
+        return string_value(expr.args[0].value) == "cpu"
+    return False
+
+
+def with_string(expr: cst.SimpleString, value: str) -> cst.SimpleString:
+    """The same literal (prefix and quotes kept) holding `value`."""
+    quote_start = len(expr.prefix) + len(expr.quote)
+    return expr.with_changes(value=expr.value[:quote_start] + value + expr.value[-len(expr.quote):])
+
+
+def terminal_name(expr: cst.BaseExpression) -> str:
+    if isinstance(expr, cst.Name):
+        return expr.value
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value
+    return ""
+
+
+class _LocalNames(cst.CSTVisitor):
+    """Names a function binds itself (parameters and assignment targets), not imports."""
+
+    def __init__(self, function: cst.FunctionDef | cst.Lambda) -> None:
+        self.function = function
+        self.names: set[str] = set()
+
+    def visit_FunctionDef(self, node) -> bool:
+        return node is self.function
+
+    def visit_Lambda(self, node) -> bool:
+        return node is self.function
+
+    def visit_ClassDef(self, node) -> bool:
+        return False
+
+    def visit_Import(self, node) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node) -> bool:
+        return False
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self.names.add(node.name.value)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._bind(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._bind(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind(node.target)
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self._bind(node.name)
+
+    def _bind(self, target: cst.CSTNode) -> None:
+        if isinstance(target, cst.Name):
+            self.names.add(target.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._bind(element.value)
+        elif isinstance(target, cst.StarredElement):
+            self._bind(target.value)
+
+
+@dataclass
+class Report:
+    rule: Rule
+    node: cst.CSTNode
+    message: str
+    applied: bool
+    fix: FixKind | None = None  # when it differs from the rule's (a table entry with no fix)
+    extra: dict = field(default_factory=dict)
+
+
+class MigrationContext:
+    def __init__(self, module: cst.Module, target: str, unsafe_fixes: bool) -> None:
+        self.module = module
+        self.target = target
+        self.unsafe_fixes = unsafe_fixes
+        self.aliases: dict[str, str] = {}
+        self.reports: list[Report] = []
+        self.imports_needed: set[str] = set()
+        self.helpers_needed: set[str] = set()
+        self.handled: set[int] = set()  # id() of nodes a rule already spoke for
+        self.in_import = False
+        self.functions: list[cst.FunctionDef | cst.Lambda] = []  # enclosing functions
+        self._locals: dict[int, set[str]] = {}  # id(function) -> names it binds
+        # Names bound to the script's device, innermost scope last.
+        self.device_scopes: list[set[str]] = [set()]
+
+    # -- names -------------------------------------------------------------------
+    def add_import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            full = import_target(alias.name)
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                self.aliases[alias.asname.name.value] = full
+            else:
+                root = full.split(".")[0]
+                self.aliases[root] = root
+
+    def add_import_from(self, node: cst.ImportFrom) -> None:
+        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+            return
+        module = import_target(node.module)
+        for alias in node.names:
+            name = import_target(alias.name)
+            bound = name
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                bound = alias.asname.name.value
+            self.aliases[bound] = f"{module}.{name}"
+
+    def qualify(self, expr: cst.BaseExpression | None) -> str | None:
+        """The qualified name of a Name/Attribute chain, through this file's imports."""
+        path = dotted(expr)
+        if path is None:
+            return None
+        root, _, rest = path.partition(".")
+        full = self.aliases.get(root)
+        if full is None:
+            return None
+        # `from torch import cuda` and a function's own `cuda` (a parameter, a local): the
+        # local wins. Only aliases that differ from their module (`cuda`, `th`) are checked:
+        # nobody rebinds `torch` itself, and checking costs a scan of the function.
+        if full != root and any(root in self._local_names(f) for f in self.functions):
+            return None
+        return f"{full}.{rest}" if rest else full
+
+    def call_name(self, node: cst.CSTNode) -> str | None:
+        return self.qualify(node.func) if isinstance(node, cst.Call) else None
+
+    def _local_names(self, function: cst.FunctionDef | cst.Lambda) -> set[str]:
+        names = self._locals.get(id(function))
+        if names is None:
+            visitor = _LocalNames(function)
+            function.visit(visitor)
+            names = self._locals[id(function)] = visitor.names
+        return names
+
+    # -- device variables in scope ----------------------------------------------------
+    def push_scope(self, names: set[str]) -> None:
+        self.device_scopes.append(set(names))
+
+    def pop_scope(self) -> None:
+        self.device_scopes.pop()
+
+    def bind_device(self, name: str) -> None:
+        self.device_scopes[-1].add(name)
+
+    def device_in_scope(self) -> str | None:
+        for scope in reversed(self.device_scopes):
+            if scope:
+                return "device" if "device" in scope else sorted(scope)[0]
+        return None
+
+    def device_expr(self) -> cst.BaseExpression:
+        """The script's device variable when one is in scope, else the XLA device."""
+        name = self.device_in_scope()
+        return cst.Name(name) if name else self.expr("torch_xla.device()")
+
+    # -- fixes and findings ---------------------------------------------------------
+    def can_fix(self, rule: Rule) -> bool:
+        return rule.fix is FixKind.SAFE or (rule.fix is FixKind.UNSAFE and self.unsafe_fixes)
+
+    def report(
+        self,
+        rule: Rule,
+        node: cst.CSTNode,
+        message: str,
+        applied: bool,
+        fix: FixKind | None = None,
+        **extra,
+    ) -> None:
+        self.handled.add(id(node))
+        if isinstance(node, cst.Call):
+            self.handled.add(id(node.func))
+        self.reports.append(Report(rule, node, message, applied, fix, extra))
+
+    def expr(self, template: str) -> cst.BaseExpression:
+        """Parse a replacement expression and note the imports it needs."""
+        self.imports_needed.update(_ALIAS_USE.findall(template))
+        return cst.parse_expression(template)
+
+    def statement(self, template: str) -> cst.BaseSmallStatement:
+        self.imports_needed.update(_ALIAS_USE.findall(template))
+        return cst.parse_statement(template).body[0]
+
+    def need_import(self, alias: str) -> None:
+        self.imports_needed.add(alias)
+
+    def code(self, node: cst.CSTNode) -> str:
+        return self.module.code_for_node(node)
+
+    def short(self, node: cst.CSTNode, limit: int = 60) -> str:
+        text = " ".join(self.code(node).split())
+        return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,357 @@
+"""One file in, migrated source and findings out: one parse, one batched traversal.
+
+The rewriter runs every selected rule's hooks in a single pass. Afterwards, and only for a
+file that changed, imports are added (libcst's AddImportsVisitor) and imports the rewrite
+left unused are removed; everything outside changed nodes stays byte-identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from tpukit.findings import Finding, Location
+from tpukit.migrate import helpers
+from tpukit.migrate.context import IMPORTS, MigrationContext, dotted
+from tpukit.migrate.transforms import load_transforms
+from tpukit.migrate.transforms.base import HookTable, StatementPlan, transform_for
+from tpukit.migrate.transforms.devices import is_device_value
+from tpukit.rules import Rule
+
+COMMENT_PREFIX = "# tpukit: "
+# Imports whose names a rewrite can leave unused (torch.cuda.*, cuDNN flags, accelerator API).
+_ORPHANABLE = ("torch.cuda", "torch.backends.cudnn", "torch.backends.cuda", "torch.accelerator")
+
+
+@dataclass
+class MigrateOptions:
+    rules: list[Rule]
+    target: str = "xla"
+    unsafe_fixes: bool = False
+    # False: only decide whether anything changes (check mode): skips the import fix-up.
+    render_source: bool = True
+
+
+@dataclass
+class Migration:
+    source: str
+    new_source: str
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.new_source != self.source
+
+
+load_transforms()
+
+
+def triggers_of(rules: list[Rule]) -> tuple[str, ...]:
+    return tuple(sorted({t for rule in rules for t in rule.triggers}))
+
+
+def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration:
+    """Migrate one file's text. Raises libcst.ParserSyntaxError on invalid Python."""
+    if not any(trigger in source for trigger in triggers_of(options.rules)):
+        return Migration(source, source)
+    module = cst.parse_module(source)
+    ctx = MigrationContext(module, options.target, options.unsafe_fixes)
+    transforms = []
+    for rule in options.rules:
+        cls = transform_for(rule)
+        if cls is not None:
+            transforms.append(cls(rule, ctx))
+    rewriter = Rewriter(ctx, HookTable(transforms))
+    new_module = module.visit(rewriter)
+    if not ctx.reports:
+        return Migration(source, source)
+    findings = _findings(ctx, module, path)
+    changed = any(r.applied for r in ctx.reports)
+    if not changed:
+        return Migration(source, source, findings)
+    if options.render_source:
+        new_module = _fix_imports(new_module, ctx)
+        new_module = helpers.insert(new_module, ctx.helpers_needed)
+        new_source = new_module.code
+    else:
+        new_source = source + "\n# changed"  # only "different" matters in check mode
+    return Migration(source, new_source, findings)
+
+
+def _findings(ctx: MigrationContext, module: cst.Module, path: str) -> list[Finding]:
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    findings = []
+    for report in ctx.reports:
+        pos = positions.get(report.node)
+        location = (
+            Location(path, pos.start.line, pos.start.column + 1, pos.end.line, pos.end.column + 1)
+            if pos
+            else Location(path)
+        )
+        findings.append(
+            Finding(
+                code=report.rule.code,
+                name=report.rule.name,
+                severity=report.rule.severity,
+                message=report.message,
+                location=location,
+                fix=report.fix or report.rule.fix,
+                applied=report.applied,
+                extra=report.extra,
+            )
+        )
+    findings.sort(key=Finding.sort_key)
+    return findings
+
+
+class Rewriter(cst.CSTTransformer):
+    def __init__(self, ctx: MigrationContext, hooks: HookTable) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.hooks = hooks
+        self.planned: dict[cst.CSTNode, object] = {}
+        self.statement_plans: dict[cst.CSTNode, StatementPlan] = {}
+        self.removed_lines: dict[cst.CSTNode, str] = {}
+
+    # Bookkeeping that every rule relies on, then the rules' own hooks.
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        ctx = self.ctx
+        if isinstance(node, cst.Import):
+            ctx.add_import(node)
+            ctx.in_import = True
+        elif isinstance(node, cst.ImportFrom):
+            ctx.add_import_from(node)
+            ctx.in_import = True
+        elif isinstance(node, cst.Assign) and is_device_value(ctx, node.value):
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    ctx.bind_device(target.target.value)
+        elif isinstance(node, (cst.FunctionDef, cst.Lambda)):
+            params = node.params.params + node.params.kwonly_params + node.params.posonly_params
+            ctx.push_scope({p.name.value for p in params if p.name.value == "device"})
+            ctx.functions.append(node)
+        for hook in self.hooks.visit.get(type(node).__name__, ()):
+            plan = hook(node)
+            if plan is not None:
+                if isinstance(plan, StatementPlan):
+                    self.statement_plans[node] = plan
+                else:
+                    self.planned[node] = plan
+                return False
+        return True
+
+    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
+        if isinstance(original, (cst.FunctionDef, cst.Lambda)):
+            self.ctx.pop_scope()
+            self.ctx.functions.pop()
+        elif isinstance(original, (cst.Import, cst.ImportFrom)):
+            self.ctx.in_import = False
+        if original in self.planned:
+            return self.planned.pop(original)
+        for hook in self.hooks.leave.get(type(original).__name__, ()):
+            result = hook(original, updated)
+            if result is not None:
+                updated = result
+        if isinstance(updated, cst.SimpleStatementLine):
+            return self._apply_line_plans(original, updated)
+        if isinstance(updated, cst.SimpleStatementSuite):
+            return self._apply_suite_plans(original, updated)
+        if isinstance(updated, (cst.IndentedBlock, cst.Module)):
+            return self._place_removal_comments(updated)
+        return updated
+
+    def _planned_body(self, original, updated) -> tuple[list, list[str]] | None:
+        if not any(stmt in self.statement_plans for stmt in original.body):
+            return None
+        body, comments = [], []
+        for old, new in zip(original.body, updated.body):
+            plan = self.statement_plans.pop(old, None)
+            if plan is None:
+                body.append(new)
+                continue
+            body.extend(plan.statements)
+            if not plan.statements and plan.comment:
+                comments.append(plan.comment)
+        return body, comments
+
+    def _apply_line_plans(self, original, updated):
+        planned = self._planned_body(original, updated)
+        if planned is None:
+            return updated
+        body, comments = planned
+        if not body:
+            marker = updated.with_changes(body=[cst.Pass()])
+            self.removed_lines[marker] = _removal_comment(comments, updated.trailing_whitespace)
+            return marker
+        if len(original.body) == 1 and len(body) > 1:
+            # One statement became several: one line each, comments kept on the first/last.
+            lines = []
+            for i, stmt in enumerate(body):
+                lines.append(
+                    cst.SimpleStatementLine(
+                        body=[_strip_semicolon(stmt)],
+                        leading_lines=updated.leading_lines if i == 0 else (),
+                        trailing_whitespace=updated.trailing_whitespace
+                        if i == len(body) - 1
+                        else cst.TrailingWhitespace(),
+                    )
+                )
+            return cst.FlattenSentinel(lines)
+        return updated.with_changes(body=_join(body))
+
+    def _apply_suite_plans(self, original, updated):
+        planned = self._planned_body(original, updated)
+        if planned is None:
+            return updated
+        body, _ = planned
+        return updated.with_changes(body=_join(body or [cst.Pass()]))
+
+    def _place_removal_comments(self, block):
+        """A removed line leaves a comment where it was; `pass  # ...` if the block is left empty."""
+        if not any(stmt in self.removed_lines for stmt in block.body):
+            return block
+        body, pending = [], []
+        for stmt in block.body:
+            comment = self.removed_lines.pop(stmt, None)
+            if comment is None:
+                if pending:
+                    stmt = stmt.with_changes(leading_lines=[*pending, *stmt.leading_lines])
+                    pending = []
+                body.append(stmt)
+                continue
+            pending.extend(stmt.leading_lines)
+            pending.append(cst.EmptyLine(comment=cst.Comment(comment)))
+            last_stmt = stmt
+        if pending:
+            if body or isinstance(block, cst.Module):
+                return block.with_changes(body=body, footer=[*pending, *block.footer])
+            body.append(
+                last_stmt.with_changes(
+                    leading_lines=pending[:-1],
+                    trailing_whitespace=cst.TrailingWhitespace(
+                        whitespace=cst.SimpleWhitespace("  "),
+                        comment=pending[-1].comment,
+                    ),
+                )
+            )
+        return block.with_changes(body=body)
+
+
+def _removal_comment(comments: list[str], trailing: cst.TrailingWhitespace) -> str:
+    text = COMMENT_PREFIX + "; ".join(comments)
+    if trailing.comment is not None:
+        text += "  " + trailing.comment.value
+    return text
+
+
+def _strip_semicolon(stmt: cst.BaseSmallStatement) -> cst.BaseSmallStatement:
+    return stmt.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+
+
+def _join(body: list[cst.BaseSmallStatement]) -> list[cst.BaseSmallStatement]:
+    """Small statements of one line: `; ` between them, none after the last."""
+    joined = []
+    for i, stmt in enumerate(body):
+        last = i == len(body) - 1
+        semicolon = (
+            cst.MaybeSentinel.DEFAULT
+            if last
+            else cst.Semicolon(whitespace_after=cst.SimpleWhitespace(" "))
+        )
+        joined.append(stmt.with_changes(semicolon=semicolon))
+    return joined
+
+
+# -- imports ----------------------------------------------------------------------------
+def _fix_imports(module: cst.Module, ctx: MigrationContext) -> cst.Module:
+    needed = set(ctx.imports_needed)
+    for helper in ctx.helpers_needed:
+        needed.update(helpers.IMPORTS_OF[helper])
+    module = _remove_orphaned_imports(module)
+    if not needed:
+        return module
+    context = CodemodContext()
+    for alias in sorted(needed):
+        mod, asname = IMPORTS[alias]
+        AddImportsVisitor.add_needed_import(context, mod, asname=asname)
+    return AddImportsVisitor(context).transform_module(module)
+
+
+class _NameUses(cst.CSTVisitor):
+    """Counts uses of names and of dotted prefixes outside import statements."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, int] = {}
+        self.dotted: dict[str, int] = {}
+
+    def visit_Import(self, node) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node) -> bool:
+        return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names[node.value] = self.names.get(node.value, 0) + 1
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        path = dotted(node)
+        if path:
+            self.dotted[path] = self.dotted.get(path, 0) + 1
+
+
+def _orphanable(full: str) -> bool:
+    return any(full == p or full.startswith(p + ".") for p in _ORPHANABLE)
+
+
+class _RemoveUnused(cst.CSTTransformer):
+    def __init__(self, uses: _NameUses) -> None:
+        super().__init__()
+        self.uses = uses
+
+    def _unused(self, bound: str, full: str, dotted_import: bool) -> bool:
+        if not _orphanable(full):
+            return False
+        if dotted_import:  # `import torch.cuda`: binds `torch`; unused when no torch.cuda.* is left
+            return not any(k == full or k.startswith(full + ".") for k in self.uses.dotted)
+        return self.uses.names.get(bound, 0) == 0
+
+    def leave_Import(self, original, updated):
+        kept = []
+        for alias in updated.names:
+            full = dotted(alias.name) or ""
+            asname = alias.asname.name.value if alias.asname else None
+            is_dotted = asname is None and "." in full
+            if not self._unused(asname or full, full, is_dotted):
+                kept.append(alias)
+        return _rebuild_import(updated, kept)
+
+    def leave_ImportFrom(self, original, updated):
+        if updated.relative or isinstance(updated.names, cst.ImportStar) or updated.module is None:
+            return updated
+        module = dotted(updated.module) or ""
+        kept = []
+        for alias in updated.names:
+            name = dotted(alias.name) or ""
+            bound = alias.asname.name.value if alias.asname else name
+            if not self._unused(bound, f"{module}.{name}", False):
+                kept.append(alias)
+        return _rebuild_import(updated, kept)
+
+
+def _rebuild_import(node, kept):
+    if len(kept) == len(node.names):
+        return node
+    if not kept:
+        return cst.RemoveFromParent()
+    kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return node.with_changes(names=kept)
+
+
+def _remove_orphaned_imports(module: cst.Module) -> cst.Module:
+    uses = _NameUses()
+    module.visit(uses)
+    return module.visit(_RemoveUnused(uses))

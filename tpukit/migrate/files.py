@@ -1,0 +1,225 @@
+"""Files in, results out: discovery, a worker pool, atomic writes, and per-file errors.
+
+A file that cannot be migrated (syntax error, not UTF-8, binary, unreadable, read-only) gets
+one error line and stays untouched; the other files are still done.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import os
+import stat
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Iterator
+
+import libcst as cst
+
+from tpukit.findings import FileError, Finding
+from tpukit.migrate.engine import MigrateOptions, migrate_source
+from tpukit.rules import load_rules
+
+SKIP_DIRS = {".venv", "venv", "__pycache__", "node_modules", "site-packages", ".tox", ".git"}
+
+
+class Mode(str, Enum):
+    WRITE = "write"  # rewrite files in place
+    OUT = "out"  # write migrated copies under another folder
+    DIFF = "diff"  # print a unified diff, write nothing
+    CHECK = "check"  # report only, write nothing
+
+
+@dataclass
+class Job:
+    path: Path
+    display: str
+    mode: Mode
+    codes: tuple[str, ...]
+    target: str
+    unsafe_fixes: bool
+    out_path: Path | None = None
+
+
+@dataclass
+class FileResult:
+    display: str
+    findings: list[Finding] = field(default_factory=list)
+    changed: bool = False
+    error: FileError | None = None
+    diff: str | None = None
+
+
+# -- discovery -------------------------------------------------------------------------
+def _excluded(path: Path, patterns: list[str], root: Path) -> bool:
+    if not patterns:
+        return False
+    try:
+        rel = path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        rel = path.as_posix()
+    parts = rel.split("/")
+    for pattern in patterns:
+        pattern = pattern.rstrip("/")
+        if fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(rel, pattern + "/*"):
+            return True
+        if "/" not in pattern and any(fnmatch.fnmatch(p, pattern) for p in parts):
+            return True
+    return False
+
+
+def discover(paths: list[Path], exclude: list[str], root: Path) -> list[Path]:
+    """Python files under `paths`, sorted; named files are taken as they are (like ruff)."""
+    found: list[Path] = []
+    for path in paths:
+        if not path.is_dir():
+            found.append(path)
+            continue
+        for folder, dirs, files in os.walk(path):
+            here = Path(folder)
+            dirs[:] = sorted(
+                d
+                for d in dirs
+                if not d.startswith(".")
+                and d not in SKIP_DIRS
+                and not _excluded(here / d, exclude, root)
+            )
+            for name in sorted(files):
+                candidate = here / name
+                if name.endswith(".py") and not _excluded(candidate, exclude, root):
+                    found.append(candidate)
+    unique = dict.fromkeys(found)
+    return list(unique)
+
+
+def display_path(path: Path) -> str:
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+# -- one file --------------------------------------------------------------------------
+def _line_col(data: bytes, offset: int) -> tuple[int, int]:
+    line = data.count(b"\n", 0, offset) + 1
+    return line, offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+
+
+def read_source(path: Path, display: str) -> tuple[str, str] | FileError:
+    """(text, BOM prefix) or the reason the file cannot be migrated."""
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        return FileError(display, "is a directory, not a Python file")
+    except FileNotFoundError:
+        return FileError(display, "file not found (a dangling link?)")
+    except OSError as exc:
+        return FileError(display, f"cannot read: {exc.strerror or exc}")
+    if b"\0" in data:
+        line, col = _line_col(data, data.index(b"\0"))
+        return FileError(display, "binary file (NUL byte), not Python source", line, col)
+    bom = ""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data, bom = data[3:], "\ufeff"
+    try:
+        return data.decode("utf-8"), bom
+    except UnicodeDecodeError as exc:
+        line, col = _line_col(data, exc.start)
+        return FileError(display, f"not UTF-8 (byte 0x{data[exc.start]:02x})", line, col)
+
+
+def _read_only(path: Path) -> bool:
+    mode = path.stat().st_mode
+    return not (mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) or not os.access(path, os.W_OK)
+
+
+def atomic_write(path: Path, text: str, mode: int | None = None) -> None:
+    """Write via a temporary file in the same folder and os.replace: old or new, never half."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tpukit")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, stat.S_IMODE(mode) if mode is not None else 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def process(job: Job) -> FileResult:
+    result = FileResult(job.display)
+    read = read_source(job.path, job.display)
+    if isinstance(read, FileError):
+        result.error = read
+        return result
+    source, bom = read
+    rules = load_rules()
+    options = MigrateOptions(
+        rules=[rules[c] for c in job.codes],
+        target=job.target,
+        unsafe_fixes=job.unsafe_fixes,
+        render_source=job.mode is not Mode.CHECK,
+    )
+    try:
+        migration = migrate_source(source, job.display, options)
+    except cst.ParserSyntaxError as exc:
+        message = " ".join(exc.message.split())
+        result.error = FileError(job.display, f"syntax error: {message}", exc.raw_line, exc.raw_column + 1)
+        return result
+    except RecursionError:
+        result.error = FileError(job.display, "too deeply nested for the parser")
+        return result
+    result.findings = migration.findings
+    result.changed = migration.changed
+    try:
+        if job.mode is Mode.WRITE and migration.changed:
+            if _read_only(job.path):
+                result.error = FileError(job.display, "read-only file: not rewritten")
+                return result
+            atomic_write(job.path, bom + migration.new_source, job.path.stat().st_mode)
+        elif job.mode is Mode.OUT and job.out_path is not None:
+            job.out_path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(job.out_path, bom + migration.new_source, job.path.stat().st_mode)
+        elif job.mode is Mode.DIFF and migration.changed:
+            result.diff = "".join(
+                difflib.unified_diff(
+                    migration.source.splitlines(keepends=True),
+                    migration.new_source.splitlines(keepends=True),
+                    fromfile=f"a/{job.display}",
+                    tofile=f"b/{job.display}",
+                )
+            )
+    except OSError as exc:
+        result.error = FileError(job.display, f"cannot write: {exc.strerror or exc}")
+    return result
+
+
+def _safe_process(job: Job) -> FileResult:
+    try:
+        return process(job)
+    except Exception as exc:  # noqa: BLE001 - a tpukit bug on one file must not stop the rest
+        return FileResult(
+            job.display,
+            error=FileError(job.display, f"internal error in tpukit: {type(exc).__name__}: {exc}"),
+        )
+
+
+def run_jobs(
+    jobs: list[Job], workers: int
+) -> Iterator[FileResult]:
+    """Results in job order. Files are independent, so they go to a process pool."""
+    if workers <= 1 or len(jobs) < 4:
+        for job in jobs:
+            yield _safe_process(job)
+        return
+    chunk = max(1, min(16, len(jobs) // (workers * 8)))
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        yield from pool.map(_safe_process, jobs, chunksize=chunk)

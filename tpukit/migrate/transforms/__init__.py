@@ -1,0 +1,11 @@
+"""Rule code, registered by code (or by a rule file's `engine` for table-driven rules)."""
+
+
+def load_transforms() -> None:
+    from tpukit.migrate.transforms import (  # noqa: F401 - imported to register
+        api_map,
+        backend_flags,
+        cuda_only,
+        devices,
+        generic,
+    )

@@ -1,0 +1,80 @@
+"""The shared base of every rule's code, and the registry that maps codes to it.
+
+A transform defines hooks the engine batches into one traversal:
+- `visit_<Node>(node)` runs top-down and may return a replacement planned for the whole node
+  (an expression node, or a `StatementPlan` for a small statement); its children are then
+  skipped, so nothing inside is reported twice.
+- `leave_<Node>(original, updated)` runs bottom-up and may return a local rewrite.
+Match on `original` (what the user wrote), build from `updated` (children already rewritten).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from tpukit.migrate.context import MigrationContext
+from tpukit.rules import Rule
+
+
+@dataclass
+class StatementPlan:
+    """A small statement becomes `statements` (none: removed, leaving `comment` behind)."""
+
+    statements: list[cst.BaseSmallStatement] = field(default_factory=list)
+    comment: str | None = None
+
+
+class Transform:
+    def __init__(self, rule: Rule, ctx: MigrationContext) -> None:
+        self.rule = rule
+        self.ctx = ctx
+        self.mapping = rule.target(ctx.target)
+
+    def fix_or_report(self, node: cst.CSTNode, message: str, build):
+        """Report `node`; return `build()` when this rule may fix it here, else None."""
+        fixable = bool(self.mapping) and self.ctx.can_fix(self.rule)
+        replacement = build() if fixable else None
+        self.ctx.report(self.rule, node, message, applied=replacement is not None)
+        return replacement
+
+
+TRANSFORMS: dict[str, type[Transform]] = {}
+ENGINES: dict[str, type[Transform]] = {}  # data-driven kinds, named by a rule's `engine` key
+
+
+def transform(*codes: str):
+    def register(cls):
+        for code in codes:
+            TRANSFORMS[code] = cls
+        return cls
+
+    return register
+
+
+def engine(kind: str):
+    def register(cls):
+        ENGINES[kind] = cls
+        return cls
+
+    return register
+
+
+def transform_for(rule: Rule) -> type[Transform] | None:
+    kind = rule.extra.get("engine")
+    return ENGINES.get(kind) if kind else TRANSFORMS.get(rule.code)
+
+
+class HookTable:
+    """visit_/leave_ hooks of a set of transforms, grouped by node type name."""
+
+    def __init__(self, transforms: list[Transform]) -> None:
+        self.visit: dict[str, list] = {}
+        self.leave: dict[str, list] = {}
+        for t in transforms:
+            for attr in dir(type(t)):
+                kind, _, node_type = attr.partition("_")
+                if kind in ("visit", "leave") and node_type[:1].isupper():
+                    getattr(self, kind).setdefault(node_type, []).append(getattr(t, attr))
+

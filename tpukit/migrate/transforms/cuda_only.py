@@ -1,0 +1,38 @@
+"""Imports of CUDA-only libraries: an error finding with the TPU alternative."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from tpukit.migrate.context import import_target
+from tpukit.migrate.transforms.base import Transform, engine
+
+
+@engine("cuda-only-import")
+class CudaOnlyImport(Transform):
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.modules = tuple(rule.extra["modules"])
+
+    def _matches(self, module: str) -> bool:
+        return any(module == m or module.startswith(m + ".") for m in self.modules)
+
+    def _report(self, node: cst.CSTNode, module: str) -> None:
+        self.ctx.report(self.rule, node, f"`{module}` is CUDA-only: {self.rule.message}", False)
+
+    def visit_Import(self, node: cst.Import):
+        for alias in node.names:
+            module = import_target(alias.name)
+            if self._matches(module):
+                self._report(node, module)
+                break
+
+    def visit_ImportFrom(self, node: cst.ImportFrom):
+        if node.relative or node.module is None:
+            return
+        module = import_target(node.module)
+        names = [] if isinstance(node.names, cst.ImportStar) else node.names
+        full = [f"{module}.{import_target(a.name)}" for a in names]
+        hit = next((m for m in [module, *full] if self._matches(m)), None)
+        if hit:
+            self._report(node, hit)

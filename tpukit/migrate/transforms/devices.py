@@ -1,0 +1,259 @@
+"""Devices: CUDA device objects and strings, `.cuda()`, `.is_cuda`, device-type checks.
+
+Two worlds, kept apart so the migrated script keeps its types:
+- a device *object* (`torch.device("cuda")`, `"cuda" if torch.cuda.is_available() else "cpu"`,
+  `device="cuda"` arguments, `.to("cuda")`) becomes the XLA device, `torch_xla.device()`
+  (or the script's own device variable when one is in scope);
+- a device *string* the script keeps as a string (`device = 'cuda'` config values, argparse
+  defaults, `device_type == 'cuda'`, `'cuda' in device`) becomes `'xla'`, which torch accepts
+  everywhere a device string goes once torch_xla is imported.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from tpukit.migrate.context import (
+    dotted,
+    is_cpu_device,
+    is_cuda_device_string,
+    string_value,
+    terminal_name,
+    with_string,
+)
+from tpukit.migrate.transforms.base import Transform, transform
+
+AVAILABILITY = {"torch.cuda.is_available", "torch.accelerator.is_available"}
+DEVICE_CALLS = {
+    "torch.device",
+    "torch_xla.device",
+    "torch_xla.core.xla_model.xla_device",
+    "torch.accelerator.current_accelerator",
+}
+
+
+def is_availability_test(ctx, expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Call) and ctx.qualify(expr.func) in AVAILABILITY
+
+
+def is_accelerator_value(ctx, expr: cst.BaseExpression) -> bool:
+    """A CUDA/accelerator device, as a string or a device object."""
+    if is_cuda_device_string(expr):
+        return True
+    if isinstance(expr, cst.Call):
+        name = ctx.qualify(expr.func)
+        if name == "torch.accelerator.current_accelerator":
+            return True
+        if name == "torch.device" and expr.args:
+            return is_cuda_device_string(expr.args[0].value)
+    return False
+
+
+def is_device_value(ctx, expr: cst.BaseExpression) -> bool:
+    """Does `expr` evaluate to the script's device (for `.cuda()` -> `.to(device)`)?"""
+    if isinstance(expr, cst.Call):
+        return ctx.qualify(expr.func) in DEVICE_CALLS or dotted(expr.func) == "torch_xla.device"
+    if isinstance(expr, cst.IfExp):
+        return is_accelerator_value(ctx, expr.body) or is_device_value(ctx, expr.body)
+    return False
+
+
+def names_a_device(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.Call) and dotted(expr.func) == "str" and len(expr.args) == 1:
+        expr = expr.args[0].value  # 'cuda' in str(device)
+    name = terminal_name(expr).lower()
+    return "device" in name or name in ("dev", "type")
+
+
+def xla_string(expr: cst.BaseExpression) -> cst.SimpleString:
+    if isinstance(expr, cst.SimpleString):
+        return with_string(expr, "xla")
+    return cst.SimpleString('"xla"')
+
+
+@transform("TPU101")
+class CudaDevice(Transform):
+    def _to_xla_device(self, node: cst.CSTNode):
+        return self.fix_or_report(
+            node,
+            f"`{self.ctx.short(node)}` is a CUDA device; on TPU use the XLA device, "
+            "`torch_xla.device()`",
+            lambda: self.ctx.expr("torch_xla.device()"),
+        )
+
+    def _string_to_xla(self, node: cst.BaseExpression, context: str):
+        def build():
+            self.ctx.need_import("torch_xla")
+            return xla_string(node)
+
+        return self.fix_or_report(
+            node,
+            f"device string `{self.ctx.short(node)}` in {context}: on TPU the device type is "
+            "'xla' (with `import torch_xla`)",
+            build,
+        )
+
+    def visit_Call(self, node: cst.Call):
+        if self.ctx.qualify(node.func) != "torch.device" or not node.args:
+            return None
+        first = node.args[0].value
+        whole = is_cuda_device_string(first) or (
+            isinstance(first, cst.IfExp)
+            and is_availability_test(self.ctx, first.test)
+            and is_accelerator_value(self.ctx, first.body)
+            and is_cpu_device(first.orelse)
+        )
+        return self._to_xla_device(node) if whole else None
+
+    def visit_IfExp(self, node: cst.IfExp):
+        if (
+            is_availability_test(self.ctx, node.test)
+            and is_accelerator_value(self.ctx, node.body)
+            and is_cpu_device(node.orelse)
+        ):
+            return self._to_xla_device(node)
+        return None
+
+    def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp):
+        # `"cuda" if use_cuda else "cpu"`: the user's condition stays, the type becomes xla.
+        if isinstance(original.body, cst.SimpleString) and is_cuda_device_string(original.body):
+            new_body = self._string_to_xla(original.body, "a conditional device choice")
+            if new_body is not None:
+                return updated.with_changes(body=new_body)
+        return None
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        ctx = self.ctx
+        args = list(updated.args)
+        changed = False
+        is_to = isinstance(original.func, cst.Attribute) and original.func.attr.value == "to"
+        is_add_argument = (
+            isinstance(original.func, cst.Attribute) and original.func.attr.value == "add_argument"
+        )
+        option_names = [string_value(a.value) or "" for a in original.args if a.keyword is None]
+        for i, (old, new) in enumerate(zip(original.args, updated.args)):
+            keyword = old.keyword.value if old.keyword else None
+            if not is_cuda_device_string(old.value):
+                continue
+            replacement = None
+            if keyword == "device" or (is_to and i == 0 and keyword is None):
+                replacement = self.fix_or_report(
+                    old.value,
+                    f"`{ctx.short(old.value)}` is a CUDA device; on TPU move tensors to the "
+                    "XLA device",
+                    ctx.device_expr,
+                )
+            elif is_add_argument and keyword == "default" and any("dev" in n for n in option_names):
+                replacement = self._string_to_xla(old.value, "a command-line default")
+            if replacement is not None:
+                args[i] = new.with_changes(value=replacement)
+                changed = True
+        return updated.with_changes(args=args) if changed else None
+
+    def _assigned_string(self, targets, original_value, updated):
+        if not isinstance(original_value, (cst.SimpleString, cst.FormattedString)):
+            return None
+        if not is_cuda_device_string(original_value):
+            return None
+        if not any(names_a_device(t) for t in targets):
+            return None
+        new_value = self._string_to_xla(original_value, "a device setting")
+        return None if new_value is None else updated.with_changes(value=new_value)
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
+        return self._assigned_string([t.target for t in original.targets], original.value, updated)
+
+    def leave_AnnAssign(self, original: cst.AnnAssign, updated: cst.AnnAssign):
+        if original.value is None:
+            return None
+        return self._assigned_string([original.target], original.value, updated)
+
+    def leave_Param(self, original: cst.Param, updated: cst.Param):
+        if original.default is None or "device" not in original.name.value.lower():
+            return None
+        if not is_cuda_device_string(original.default):
+            return None
+        new_default = self._string_to_xla(original.default, "a parameter default")
+        return None if new_default is None else updated.with_changes(default=new_default)
+
+
+@transform("TPU102")
+class CudaMethod(Transform):
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        func = original.func
+        if not isinstance(func, cst.Attribute) or func.attr.value != "cuda":
+            return None
+        receiver = self.ctx.qualify(func.value)
+        if receiver is not None and receiver.split(".")[0] in ("torch", "torch_xla"):
+            return None  # a module attribute, not Tensor/Module.cuda()
+
+        def build():
+            kept = [
+                a
+                for a in updated.args
+                if a.keyword is not None and a.keyword.value not in ("device",)
+            ]
+            device = cst.Arg(self.ctx.device_expr())
+            args = [device, *kept]
+            args = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in args]
+            return updated.with_changes(
+                func=updated.func.with_changes(attr=cst.Name("to")), args=args
+            )
+
+        return self.fix_or_report(
+            original,
+            f"`{self.ctx.short(original)}` moves to a CUDA device; on TPU use "
+            "`.to(device)` with the XLA device",
+            build,
+        )
+
+
+@transform("TPU103")
+class IsCuda(Transform):
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
+        if original.attr.value != "is_cuda" or self.ctx.qualify(original.value):
+            return None
+        return self.fix_or_report(
+            original,
+            f"`{self.ctx.short(original)}` is never true on TPU; the XLA check is `.is_xla`",
+            lambda: updated.with_changes(attr=cst.Name("is_xla")),
+        )
+
+
+@transform("TPU104")
+class DeviceTypeComparison(Transform):
+    _OPERATORS = (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)
+
+    def leave_Comparison(self, original: cst.Comparison, updated: cst.Comparison):
+        left_old, left_new = original.left, updated.left
+        new_left = left_new
+        targets = list(updated.comparisons)
+        changed = False
+        for i, (old, new) in enumerate(zip(original.comparisons, updated.comparisons)):
+            if not isinstance(old.operator, self._OPERATORS):
+                left_old = old.comparator
+                continue
+            pairs = ((left_old, old.comparator, "left"), (old.comparator, left_old, "right"))
+            for literal, other, side in pairs:
+                if string_value(literal) != "cuda" or not names_a_device(other):
+                    continue
+                replacement = self.fix_or_report(
+                    literal,
+                    f"`{self.ctx.short(original)}` tests for CUDA; on TPU the device type "
+                    "is 'xla'",
+                    lambda lit=literal: self._xla(lit),
+                )
+                if replacement is not None:
+                    changed = True
+                    if side == "left" and i == 0:
+                        new_left = replacement
+                    elif side == "right":
+                        targets[i] = new.with_changes(comparator=replacement)
+            left_old = old.comparator
+        if not changed:
+            return None
+        return updated.with_changes(left=new_left, comparisons=targets)
+
+    def _xla(self, literal):
+        self.ctx.need_import("torch_xla")
+        return xla_string(literal)
