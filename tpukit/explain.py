@@ -82,6 +82,6 @@ def explain(rule: Rule, con: Console) -> None:
         for target, after in example.expected.items():
             parts.append(Text(f"after ({target})", style="bold"))
             parts.append(Syntax(after.strip("\n"), "python", theme="ansi_dark"))
-        if example.codes:
-            parts.append(Text(f"reports: {', '.join(example.codes)}"))
+        if example.codes is not None:
+            parts.append(Text(f"reports: {', '.join(example.codes) or 'nothing'}"))
     con.print(Panel(Group(*parts), expand=False))

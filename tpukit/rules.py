@@ -27,7 +27,7 @@ class RuleError(Exception):
 class Example:
     before: str
     expected: dict[str, str]  # target -> migrated source; a target absent here is not tested
-    codes: tuple[str, ...] = ()  # codes that must be reported on `before`
+    codes: tuple[str, ...] | None = None  # exactly the codes reported on `before`, if given
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,8 @@ def _parse(path: Path) -> Rule:
         if "before" not in raw:
             raise RuleError(f"{path}: an example has no 'before'")
         expected = {t: raw[t] for t in TARGETS if t in raw}
-        examples.append(Example(raw["before"], expected, tuple(raw.get("codes", ()))))
+        codes = tuple(raw["codes"]) if "codes" in raw else None
+        examples.append(Example(raw["before"], expected, codes))
     if not examples:
         raise RuleError(f"{path}: a rule needs at least one example (examples are its tests)")
     try:

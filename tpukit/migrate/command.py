@@ -58,7 +58,11 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
     files = discover(request.paths, exclude, cfg.root)
     if request.out_dir is not None:
         files = [f for f in files if out not in f.resolve().parents]
-    rules = select_rules(request.select or cfg.select, request.ignore or cfg.ignore)
+    # The command line wins: its --select replaces the config's select and ignore (as ruff).
+    if request.select:
+        rules = select_rules(request.select, request.ignore)
+    else:
+        rules = select_rules(cfg.select, request.ignore or cfg.ignore)
     codes = tuple(r.code for r in rules)
     base = _base_of(request.paths)
     return [
@@ -143,7 +147,9 @@ def run_migrate(request: MigrateRequest) -> int:
     )
     if request.fmt is not Format.TEXT:
         report.findings = findings
-    render(report, request.fmt, sys.stdout, sys.stderr)
+    # With --diff, stdout is the patch alone (pipe it to `patch -p1` or `git apply`).
+    out = sys.stderr if request.mode is Mode.DIFF and request.fmt is Format.TEXT else sys.stdout
+    render(report, request.fmt, out, sys.stderr)
     if errors:
         return 2
     if request.exit_zero:

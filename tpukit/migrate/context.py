@@ -150,6 +150,7 @@ class Report:
     node: cst.CSTNode
     message: str
     applied: bool
+    top: cst.CSTNode | None = None  # the top-level statement holding `node`
     fix: FixKind | None = None  # when it differs from the rule's (a table entry with no fix)
     extra: dict = field(default_factory=dict)
 
@@ -165,6 +166,8 @@ class MigrationContext:
         self.helpers_needed: set[str] = set()
         self.handled: set[int] = set()  # id() of nodes a rule already spoke for
         self.in_import = False
+        self.current_top: cst.CSTNode | None = None
+        self.fstring_quotes: list[str] = []  # quotes of the f-strings around the current node
         self.functions: list[cst.FunctionDef | cst.Lambda] = []  # enclosing functions
         self._locals: dict[int, set[str]] = {}  # id(function) -> names it binds
         # Names bound to the script's device, innermost scope last.
@@ -255,11 +258,14 @@ class MigrationContext:
         self.handled.add(id(node))
         if isinstance(node, cst.Call):
             self.handled.add(id(node.func))
-        self.reports.append(Report(rule, node, message, applied, fix, extra))
+        self.reports.append(Report(rule, node, message, applied, self.current_top, fix, extra))
 
     def expr(self, template: str) -> cst.BaseExpression:
         """Parse a replacement expression and note the imports it needs."""
         self.imports_needed.update(_ALIAS_USE.findall(template))
+        if any('"' in quote for quote in self.fstring_quotes):
+            # Inside f"...{here}...": before Python 3.12 a nested string needs other quotes.
+            template = template.replace('"', "'")
         return cst.parse_expression(template)
 
     def statement(self, template: str) -> cst.BaseSmallStatement:

@@ -7,16 +7,18 @@ left unused are removed; everything outside changed nodes stays byte-identical.
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
 
 from tpukit.findings import Finding, Location
 from tpukit.migrate import helpers
 from tpukit.migrate.context import IMPORTS, MigrationContext, dotted
+from tpukit.migrate.prune import Layout
 from tpukit.migrate.transforms import load_transforms
 from tpukit.migrate.transforms.base import HookTable, StatementPlan, transform_for
 from tpukit.migrate.transforms.devices import is_device_value
@@ -59,17 +61,18 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
     if not any(trigger in source for trigger in triggers_of(options.rules)):
         return Migration(source, source)
     module = cst.parse_module(source)
+    layout = Layout(module, source, triggers_of(options.rules))
     ctx = MigrationContext(module, options.target, options.unsafe_fixes)
     transforms = []
     for rule in options.rules:
         cls = transform_for(rule)
         if cls is not None:
             transforms.append(cls(rule, ctx))
-    rewriter = Rewriter(ctx, HookTable(transforms))
+    rewriter = Rewriter(ctx, HookTable(transforms), layout)
     new_module = module.visit(rewriter)
     if not ctx.reports:
         return Migration(source, source)
-    findings = _findings(ctx, module, path)
+    findings = _findings(ctx, module, layout, path)
     changed = any(r.applied for r in ctx.reports)
     if not changed:
         return Migration(source, source, findings)
@@ -77,13 +80,54 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
         new_module = _fix_imports(new_module, ctx)
         new_module = helpers.insert(new_module, ctx.helpers_needed)
         new_source = new_module.code
+        _check_still_python(source, new_source, path)
     else:
         new_source = source + "\n# changed"  # only "different" matters in check mode
     return Migration(source, new_source, findings)
 
 
-def _findings(ctx: MigrationContext, module: cst.Module, path: str) -> list[Finding]:
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+class MigrationBug(Exception):
+    """tpukit produced code that does not compile: the file is left as it was."""
+
+
+def _check_still_python(source: str, new_source: str, path: str) -> None:
+    flags = ast.PyCF_ONLY_AST
+    try:
+        compile(new_source, path, "exec", flags=flags, dont_inherit=True)
+    except SyntaxError as exc:
+        try:
+            compile(source, path, "exec", flags=flags, dont_inherit=True)
+        except SyntaxError:
+            return  # newer syntax than this interpreter reads; libcst parsed it, so keep going
+        raise MigrationBug(
+            f"the rewrite would not compile (line {exc.lineno}: {exc.msg}); file left unchanged, "
+            "please report this"
+        ) from exc
+
+
+def _positions(module: cst.Module, layout: Layout, reports) -> dict:
+    """Node -> CodeRange for the reported nodes. Positions cost a code generation pass, so
+    only the top-level statements holding a finding are generated, each on its own and
+    shifted to its line in the file (known from the ast walk)."""
+    tops = {id(r.top): r.top for r in reports if r.top is not None}
+    if not tops or any(key not in layout.first_line for key in tops):
+        return dict(MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider))
+    positions = {}
+    for key, stmt in tops.items():
+        alone = module.with_changes(body=[stmt], header=(), footer=())
+        shift = layout.first_line[key] - 1
+        for node, span in MetadataWrapper(alone, unsafe_skip_copy=True).resolve(
+            PositionProvider
+        ).items():
+            positions[node] = CodeRange(
+                CodePosition(span.start.line + shift, span.start.column),
+                CodePosition(span.end.line + shift, span.end.column),
+            )
+    return positions
+
+
+def _findings(ctx: MigrationContext, module: cst.Module, layout: Layout, path: str) -> list[Finding]:
+    positions = _positions(module, layout, ctx.reports)
     findings = []
     for report in ctx.reports:
         pos = positions.get(report.node)
@@ -109,23 +153,31 @@ def _findings(ctx: MigrationContext, module: cst.Module, path: str) -> list[Find
 
 
 class Rewriter(cst.CSTTransformer):
-    def __init__(self, ctx: MigrationContext, hooks: HookTable) -> None:
+    def __init__(self, ctx: MigrationContext, hooks: HookTable, layout: Layout) -> None:
         super().__init__()
         self.ctx = ctx
         self.hooks = hooks
+        self.skip = layout.skip
+        self.top_level = layout.first_line
         self.planned: dict[cst.CSTNode, object] = {}
         self.statement_plans: dict[cst.CSTNode, StatementPlan] = {}
         self.removed_lines: dict[cst.CSTNode, str] = {}
 
     # Bookkeeping that every rule relies on, then the rules' own hooks.
     def on_visit(self, node: cst.CSTNode) -> bool:
+        if id(node) in self.skip:
+            return False
         ctx = self.ctx
+        if id(node) in self.top_level:
+            ctx.current_top = node
         if isinstance(node, cst.Import):
             ctx.add_import(node)
             ctx.in_import = True
         elif isinstance(node, cst.ImportFrom):
             ctx.add_import_from(node)
             ctx.in_import = True
+        elif isinstance(node, cst.FormattedString):
+            ctx.fstring_quotes.append(node.quote)
         elif isinstance(node, cst.Assign) and is_device_value(ctx, node.value):
             for target in node.targets:
                 if isinstance(target.target, cst.Name):
@@ -145,11 +197,15 @@ class Rewriter(cst.CSTTransformer):
         return True
 
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
+        if id(original) in self.skip:
+            return updated
         if isinstance(original, (cst.FunctionDef, cst.Lambda)):
             self.ctx.pop_scope()
             self.ctx.functions.pop()
         elif isinstance(original, (cst.Import, cst.ImportFrom)):
             self.ctx.in_import = False
+        elif isinstance(original, cst.FormattedString):
+            self.ctx.fstring_quotes.pop()
         if original in self.planned:
             return self.planned.pop(original)
         for hook in self.hooks.leave.get(type(original).__name__, ()):

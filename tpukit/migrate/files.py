@@ -6,6 +6,7 @@ one error line and stays untouched; the other files are still done.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import fnmatch
 import os
@@ -20,7 +21,7 @@ from typing import Iterator
 import libcst as cst
 
 from tpukit.findings import FileError, Finding
-from tpukit.migrate.engine import MigrateOptions, migrate_source
+from tpukit.migrate.engine import MigrateOptions, MigrationBug, migrate_source
 from tpukit.rules import load_rules
 
 SKIP_DIRS = {".venv", "venv", "__pycache__", "node_modules", "site-packages", ".tox", ".git"}
@@ -96,8 +97,10 @@ def discover(paths: list[Path], exclude: list[str], root: Path) -> list[Path]:
 
 
 def display_path(path: Path) -> str:
+    # abspath, not resolve: a symlink is shown under its own name.
+    absolute = Path(os.path.abspath(path))
     try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+        return absolute.relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
         return path.as_posix()
 
@@ -129,6 +132,17 @@ def read_source(path: Path, display: str) -> tuple[str, str] | FileError:
     except UnicodeDecodeError as exc:
         line, col = _line_col(data, exc.start)
         return FileError(display, f"not UTF-8 (byte 0x{data[exc.start]:02x})", line, col)
+
+
+def _syntax_error(display: str, source: str, exc: cst.ParserSyntaxError) -> FileError:
+    """Python's own message and position when it agrees the file is invalid (libcst's
+    position can trail the real error); libcst's otherwise."""
+    try:
+        compile(source, display, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as py_exc:
+        return FileError(display, f"syntax error: {py_exc.msg}", py_exc.lineno or 1, py_exc.offset or 1)
+    message = " ".join(exc.message.split())
+    return FileError(display, f"syntax error: {message}", exc.raw_line, exc.raw_column + 1)
 
 
 def _read_only(path: Path) -> bool:
@@ -171,14 +185,15 @@ def process(job: Job) -> FileResult:
     try:
         migration = migrate_source(source, job.display, options)
     except cst.ParserSyntaxError as exc:
-        message = " ".join(exc.message.split())
-        result.error = FileError(job.display, f"syntax error: {message}", exc.raw_line, exc.raw_column + 1)
+        result.error = _syntax_error(job.display, source, exc)
+        return result
+    except MigrationBug as exc:
+        result.error = FileError(job.display, f"internal error: {exc}")
         return result
     except RecursionError:
         result.error = FileError(job.display, "too deeply nested for the parser")
         return result
     result.findings = migration.findings
-    result.changed = migration.changed
     try:
         if job.mode is Mode.WRITE and migration.changed:
             if _read_only(job.path):
@@ -199,6 +214,8 @@ def process(job: Job) -> FileResult:
             )
     except OSError as exc:
         result.error = FileError(job.display, f"cannot write: {exc.strerror or exc}")
+        return result
+    result.changed = migration.changed
     return result
 
 

@@ -65,10 +65,10 @@ def names_a_device(expr: cst.BaseExpression) -> bool:
     return "device" in name or name in ("dev", "type")
 
 
-def xla_string(expr: cst.BaseExpression) -> cst.SimpleString:
+def xla_string(ctx, expr: cst.BaseExpression) -> cst.BaseExpression:
     if isinstance(expr, cst.SimpleString):
         return with_string(expr, "xla")
-    return cst.SimpleString('"xla"')
+    return ctx.expr('"xla"')
 
 
 @transform("TPU101")
@@ -84,7 +84,7 @@ class CudaDevice(Transform):
     def _string_to_xla(self, node: cst.BaseExpression, context: str):
         def build():
             self.ctx.need_import("torch_xla")
-            return xla_string(node)
+            return xla_string(self.ctx, node)
 
         return self.fix_or_report(
             node,
@@ -256,4 +256,4 @@ class DeviceTypeComparison(Transform):
 
     def _xla(self, literal):
         self.ctx.need_import("torch_xla")
-        return xla_string(literal)
+        return xla_string(self.ctx, literal)

@@ -22,11 +22,20 @@ class UnmappedCudaApi(Transform):
             name = ctx.qualify(node)
             if not (name and name.startswith("torch.cuda.")):
                 return None
-            ctx.report(
-                self.rule,
-                node,
-                f"`{name}` has no automatic TPU mapping: {self.rule.message}",
-                applied=False,
-            )
+            self._report(node, name)
         ctx.handled.update(id(n) for n in inner)
         return None
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        # `from torch.cuda import Stream` then `Stream()`: a bare name. Checked on leave, when
+        # every rule's visit hook has had its chance to claim the call.
+        if isinstance(original.func, cst.Name) and id(original) not in self.ctx.handled:
+            name = self.ctx.qualify(original.func)
+            if name and name.startswith("torch.cuda."):
+                self._report(original, name)
+        return None
+
+    def _report(self, node: cst.CSTNode, name: str) -> None:
+        self.ctx.report(
+            self.rule, node, f"`{name}` has no automatic TPU mapping: {self.rule.message}", False
+        )

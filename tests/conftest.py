@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+
+
+def tpukit_executable() -> str:
+    """The real console script of the environment running the tests."""
+    script = Path(sys.executable).with_name("tpukit")
+    if script.exists():
+        return str(script)
+    found = shutil.which("tpukit")
+    if found is None:
+        pytest.fail("the `tpukit` console script is not installed (pip install -e .)")
+    return found
+
+
+@pytest.fixture
+def run_cli():
+    """Run `tpukit ARGS` as a user would: the console script, in a subprocess."""
+
+    def run(*args: str, cwd: Path | None = None, env: dict | None = None, check_rc=None):
+        full_env = {**os.environ, "NO_COLOR": "1", "TERM": "dumb", **(env or {})}
+        proc = subprocess.run(
+            [tpukit_executable(), *map(str, args)],
+            cwd=cwd,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if check_rc is not None:
+            assert proc.returncode == check_rc, (proc.returncode, proc.stdout, proc.stderr)
+        return proc
+
+    return run

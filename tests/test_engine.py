@@ -1,0 +1,344 @@
+"""Engine behaviours: name resolution, byte-identity, imports, helpers, statement edits."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+import libcst as cst
+import pytest
+
+from conftest import FIXTURES
+from tpukit.migrate.engine import MigrateOptions, migrate_source
+from tpukit.rules import load_rules, select_rules
+
+ALL = MigrateOptions(rules=list(load_rules().values()))
+
+
+def migrate(source: str, options: MigrateOptions = ALL):
+    return migrate_source(textwrap.dedent(source).lstrip("\n"), "t.py", options)
+
+
+def out(source: str) -> str:
+    return migrate(source).new_source
+
+
+def codes(source: str) -> list[str]:
+    return [f.code for f in migrate(source).findings]
+
+
+# -- name resolution -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch as th\nth.cuda.synchronize()\n",
+        "from torch import cuda\ncuda.synchronize()\n",
+        "import torch.cuda\ntorch.cuda.synchronize()\n",
+        "import torch.cuda as tc\ntc.synchronize()\n",
+        "from torch.cuda import synchronize as sync_gpu\nsync_gpu()\n",
+    ],
+)
+def test_aliases_resolve_to_the_same_rewrite(source):
+    result = out(source)
+    assert "torch_xla.sync()\nxm.wait_device_ops()\n" in result
+    assert "synchronize" not in result and "sync_gpu" not in result
+
+
+def test_aliased_autocast_import_is_resolved():
+    # No rewrite yet for AMP (a later rule), but the alias must resolve to torch.cuda.amp.
+    found = migrate("from torch.cuda.amp import autocast as ac\nwith ac():\n    pass\n")
+    assert [f.code for f in found.findings] == ["TPU117"]
+    assert "torch.cuda.amp.autocast" in found.findings[0].message
+    found = migrate("import torch\nwith torch.cuda.amp.autocast():\n    pass\n")
+    assert [f.code for f in found.findings] == ["TPU117"]
+    assert "torch.cuda.amp.autocast" in found.findings[0].message
+
+
+def test_local_named_cuda_is_left_alone():
+    source = """
+    from torch import cuda
+
+    def run(cuda=True):
+        if cuda:
+            return cuda.real
+        return None
+
+    def other():
+        cuda = "flag"
+        return cuda.upper()
+    """
+    assert out(source) == textwrap.dedent(source).lstrip("\n")
+
+
+def test_unimported_cuda_name_is_not_torch():
+    source = "cuda = load_config()\ncuda.synchronize()\n"
+    assert out(source) == source
+    assert codes(source) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'print("training on cuda")\n',
+        'config = {"backend": "cuda"}\n',
+        'parser.add_argument("--backend", default="cuda")\n',
+        'name = "cuda"\n',
+    ],
+)
+def test_unrelated_cuda_strings_are_left_alone(source):
+    assert out("import torch\n" + source) == "import torch\n" + source
+
+
+# -- byte identity -------------------------------------------------------------------
+def test_everything_outside_changed_nodes_is_byte_identical():
+    source = (
+        "#!/usr/bin/env python\n"
+        "# -*- coding: utf-8 -*-\n"
+        '"""Doc string with "cuda" in it."""\n'
+        "import torch   # the framework\n"
+        "\n"
+        "\n"
+        "x = {'a':1,   \"b\" : 2}  # odd spacing stays\n"
+        "dev = torch.device( 'cuda' )\n"
+        "y = [\n"
+        "    1,  # one\n"
+        "    2,\n"
+        "]\n"
+    )
+    result = out(source)
+    assert result == source.replace("import torch   # the framework\n",
+                                     "import torch   # the framework\nimport torch_xla\n").replace(
+        "torch.device( 'cuda' )", "torch_xla.device()")
+
+
+def test_crlf_line_endings_are_kept():
+    source = "import torch\r\nx = torch.zeros(2).cuda()\r\ny = 1\r\n"
+    result = out(source)
+    assert "\r\n" in result and "\n" not in result.replace("\r\n", "")
+    assert "x = torch.zeros(2).to(torch_xla.device())\r\n" in result
+
+
+def test_file_without_cuda_is_returned_unparsed_and_identical():
+    source = "import torch\nx = torch.zeros(3)\n"
+    migration = migrate(source)
+    assert migration.new_source == source and not migration.findings
+
+
+# -- imports ---------------------------------------------------------------------------
+def test_imports_are_added_once_and_existing_ones_reused():
+    source = """
+    import torch
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    torch.cuda.synchronize()
+    x = torch.device("cuda")
+    """
+    result = out(source)
+    assert result.count("import torch_xla\n") == 1
+    assert result.count("import torch_xla.core.xla_model as xm") == 1
+
+
+def test_imports_left_unused_by_the_rewrite_are_removed():
+    source = """
+    import torch
+    import torch.backends.cudnn as cudnn
+    from torch import cuda
+    from torch.cuda import empty_cache, Stream
+
+    cudnn.benchmark = True
+    cuda.synchronize()
+    empty_cache()
+    s = Stream()
+    """
+    result = out(source)
+    assert "import torch.backends.cudnn" not in result
+    assert "from torch import cuda" not in result
+    # Stream is still used (a finding for a person), so its import stays.
+    assert "from torch.cuda import Stream\n" in result
+
+
+def test_import_still_used_elsewhere_is_kept():
+    source = """
+    from torch import cuda
+    cuda.synchronize()
+    print(cuda.get_rng_state())
+    """
+    assert "from torch import cuda" in out(source)
+
+
+def test_dotted_import_is_removed_only_when_no_torch_cuda_is_left():
+    assert "import torch.cuda" not in out("import torch\nimport torch.cuda\ntorch.cuda.synchronize()\n")
+    kept = out("import torch\nimport torch.cuda\ntorch.cuda.synchronize()\ng = torch.cuda.CUDAGraph()\n")
+    assert "import torch.cuda\n" in kept
+
+
+def test_helper_is_inserted_once_after_the_imports():
+    source = """
+    import torch
+
+    def a():
+        return torch.cuda.memory_allocated()
+
+    def b():
+        return torch.cuda.max_memory_allocated()
+    """
+    result = out(source)
+    assert result.count("def _xla_memory_stat(key):") == 1
+    tree = ast.parse(result)
+    names = [getattr(node, "name", None) for node in tree.body]
+    assert names.index("_xla_memory_stat") < names.index("a")
+    assert out(result) == result
+
+
+def test_memory_helper_does_not_crash_on_xla_cpu_semantics():
+    # The helper swallows RuntimeError (UNIMPLEMENTED on XLA:CPU) and returns 0.
+    result = out("import torch\nm = torch.cuda.max_memory_allocated()\n")
+    namespace: dict = {}
+    helper = result[result.index("def _xla_memory_stat"):result.index("m = ")]
+
+    class FakeXm:
+        @staticmethod
+        def get_memory_info(device):
+            raise RuntimeError("UNIMPLEMENTED: GetAllocatorStats is not supported")
+
+    class FakeTorchXla:
+        @staticmethod
+        def device():
+            return "xla:0"
+
+    exec(helper, {"xm": FakeXm, "torch_xla": FakeTorchXla}, namespace)
+    assert namespace["_xla_memory_stat"]("peak_bytes_used") == 0
+
+
+# -- statement edits ---------------------------------------------------------------------
+def test_removed_statement_leaves_a_comment_and_keeps_its_own():
+    source = """
+    import torch
+    torch.backends.cudnn.benchmark = True  # speed
+    x = 1
+    """
+    result = out(source)
+    assert result.splitlines()[1].startswith('# tpukit: removed "torch.backends.cudnn.benchmark')
+    assert result.splitlines()[1].endswith("# speed")
+    assert "x = 1" in result
+
+
+def test_block_emptied_by_removal_gets_pass():
+    source = """
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    """
+    result = out(source)
+    assert "    pass  # tpukit: removed" in result
+    ast.parse(result)
+
+
+def test_one_line_suite_and_semicolons_stay_valid():
+    source = "import torch\nif flag: torch.cuda.synchronize(); torch.cuda.empty_cache()\nx = 1; torch.cuda.set_device(0)\n"
+    result = out(source)
+    ast.parse(result)
+    assert "if flag: torch_xla.sync(); xm.wait_device_ops()\n" in result
+    assert "x = 1\n" in result
+
+
+def test_synchronize_as_a_value_uses_the_waiting_sync():
+    result = out("import torch\nok = torch.cuda.synchronize() or True\n")
+    assert "ok = torch_xla.sync(wait=True) or True" in result
+
+
+def test_replacement_inside_f_string_uses_the_other_quote():
+    result = out('import torch\nprint(f"mem {torch.cuda.memory_allocated()} MiB")\n')
+    assert "f\"mem {_xla_memory_stat('bytes_used')} MiB\"" in result
+    compile(result, "t.py", "exec")
+
+
+def test_cuda_method_uses_device_variable_in_scope():
+    source = """
+    import torch
+
+    def train(model, batch, device):
+        return model(batch.cuda())
+
+    def evaluate(model, batch):
+        return model(batch.cuda())
+
+    dev = torch.device("cuda")
+    y = torch.zeros(1).cuda()
+    """
+    result = out(source)
+    assert "model(batch.to(device))" in result
+    assert "model(batch.to(torch_xla.device()))" in result
+    assert "y = torch.zeros(1).to(dev)" in result
+
+
+def test_is_available_device_choice_collapses_but_user_condition_stays():
+    source = """
+    import torch
+    a = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    b = torch.device("cuda" if use_gpu else "cpu")
+    """
+    result = out(source)
+    assert "a = torch_xla.device()" in result
+    assert 'b = torch.device("xla" if use_gpu else "cpu")' in result
+
+
+# -- options ---------------------------------------------------------------------------
+def test_selected_rules_only():
+    only_seed = MigrateOptions(rules=select_rules(["TPU113"], []))
+    source = "import torch\ntorch.cuda.manual_seed(1)\ntorch.cuda.synchronize()\n"
+    migration = migrate(source, only_seed)
+    assert "torch_xla.manual_seed(1)" in migration.new_source
+    assert "torch.cuda.synchronize()" in migration.new_source
+    assert [f.code for f in migration.findings] == ["TPU113"]
+
+
+def test_findings_have_positions_and_fix_state():
+    migration = migrate("import torch\n\nx = torch.cuda.get_device_properties(0)\ny = 1 .cuda()\n")
+    by_code = {f.code: f for f in migration.findings}
+    props = by_code["TPU110"]
+    assert (props.location.line, props.location.col) == (3, 5)
+    assert props.applied is False and props.fix.value == "none" and props.needs_person
+    cuda = by_code["TPU102"]
+    assert (cuda.location.line, cuda.location.col) == (4, 5) and cuda.applied
+
+
+def test_syntax_error_raises_parser_error():
+    with pytest.raises(cst.ParserSyntaxError):
+        migrate_source("import torch\ndef f(:\n  torch.cuda.synchronize()\n", "t.py", ALL)
+
+
+# -- pruning and positions -----------------------------------------------------------------
+def test_names_bound_to_cuda_apis_are_found_inside_functions_and_methods():
+    filler = "".join(f"def unrelated_{i}(x):\n    return x + {i}\n\n" for i in range(30))
+    source = (
+        "import torch\nfrom torch.cuda import synchronize as sync_gpu\n"
+        "from torch.utils.cpp_extension import (\n    load,\n)\n\n"
+        + filler
+        + "class Trainer:\n    def step(self):\n        sync_gpu()\n\n"
+        + "def build():\n    return load(name='k', sources=['k.cu'])\n"
+    )
+    migration = migrate_source(source, "t.py", ALL)
+    assert "        torch_xla.sync()\n        xm.wait_device_ops()\n" in migration.new_source
+    assert {(f.code, f.location.line) for f in migration.findings} == {
+        ("TPU112", 99), ("TPU906", 102)
+    }
+
+
+@pytest.mark.parametrize("fixture", sorted(p.parent.name for p in FIXTURES.glob("*/cuda.py")))
+def test_statement_positions_equal_whole_module_positions(fixture, monkeypatch):
+    source = (FIXTURES / fixture / "cuda.py").read_text()
+    fast = migrate_source(source, "cuda.py", ALL).findings
+    from tpukit.migrate import engine
+
+    original_init = engine.Layout.__init__
+
+    def without_lines(self, *args):
+        original_init(self, *args)
+        self.first_line.clear()  # forces positions from the whole module
+
+    monkeypatch.setattr(engine.Layout, "__init__", without_lines)
+    slow = migrate_source(source, "cuda.py", ALL).findings
+    assert [f.location for f in fast] == [f.location for f in slow]
+    assert len(fast) > 0
