@@ -342,3 +342,45 @@ def test_statement_positions_equal_whole_module_positions(fixture, monkeypatch):
     slow = migrate_source(source, "cuda.py", ALL).findings
     assert [f.location for f in fast] == [f.location for f in slow]
     assert len(fast) > 0
+
+
+def test_imports_inside_try_blocks_are_seen_even_when_pruning():
+    source = (
+        "try:\n    import torch\n    HAVE_TORCH = True\nexcept ImportError:\n    HAVE_TORCH = False\n\n"
+        "def info():\n    return torch.cuda.get_device_name(0)\n"
+    )
+    migration = migrate_source(source, "t.py", ALL)
+    assert "xm.xla_device_hw(torch_xla.device())" in migration.new_source
+
+
+def test_pruning_changes_no_result_on_real_torch_sources(monkeypatch):
+    """Skipping trigger-free statements is only a speed-up: on torch's own CUDA-heavy files
+    (real code nobody here wrote) the findings are the same with and without it."""
+    import importlib.util
+    from pathlib import Path
+
+    from tpukit.migrate import engine
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("torch is not installed")
+    root = Path(list(spec.submodule_search_locations)[0])
+    sources = [p.read_text() for p in sorted((root / "cuda").glob("*.py"))]
+    sources += [(root / "utils" / "collect_env.py").read_text()]
+    sources = [s for s in sources if "cuda" in s][:20]
+    check = MigrateOptions(rules=ALL.rules, render_source=False)
+
+    def findings():
+        return [[(f.location, f.code, f.applied) for f in migrate_source(s, "t.py", check).findings]
+                for s in sources]
+
+    pruned = findings()
+    original = engine.Layout.__init__
+
+    def no_pruning(self, *args):
+        original(self, *args)
+        self.skip.clear()
+
+    monkeypatch.setattr(engine.Layout, "__init__", no_pruning)
+    assert findings() == pruned
+    assert sum(map(len, pruned)) > 50

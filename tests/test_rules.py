@@ -64,3 +64,10 @@ def test_select_and_ignore_by_prefix():
     chosen = {r.code for r in select_rules(["TPU9"], ["TPU905"])}
     assert "TPU901" in chosen and "TPU905" not in chosen
     assert all(code.startswith("TPU9") for code in chosen)
+
+
+def test_readme_rule_table_lists_every_rule():
+    readme = (rules_dir().parent / "README.md").read_text()
+    for code, rule in RULES.items():
+        row = f"| {code} | {rule.name} | {rule.severity.value} | {rule.fix.value} | {rule.summary} |"
+        assert row in readme, f"README rule table is missing or stale for {code}"

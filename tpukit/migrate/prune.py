@@ -79,7 +79,10 @@ class Layout:
                 self.first_line[id(stmt)] = first - len(stmt.leading_lines)
             text = "".join(self._lines[first - 1 : last])
             if not any(trigger in text for trigger in self._triggers):
-                if not _is_import_line(stmt):
+                # Imports feed name resolution, so never skip them: bare, or inside a
+                # try/if block (`try: import torch`). A def's local imports stay local.
+                defines = isinstance(stmt, (cst.FunctionDef, cst.ClassDef))
+                if not _is_import_line(stmt) and (defines or "import" not in text):
                     self.skip.add(id(stmt))
             elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and isinstance(
                 stmt.body, cst.IndentedBlock
