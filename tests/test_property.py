@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tpukit.migrate.engine import MigrateOptions, migrate_source
-from tpukit.rules import load_rules
+from tpukit.rules import select_rules
 
-ALL = MigrateOptions(rules=list(load_rules().values()))
+ALL = MigrateOptions(rules=select_rules([], []))
 SETTINGS = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -9,13 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from tpukit.migrate.engine import MigrateOptions, migrate_source
-from tpukit.rules import load_rules
+from tpukit.rules import select_rules
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 def main() -> None:
-    options = MigrateOptions(rules=list(load_rules().values()))
+    options = MigrateOptions(rules=select_rules([], []))
     for source in sorted(FIXTURES.glob("*/cuda.py")):
         migration = migrate_source(source.read_text(encoding="utf-8"), "cuda.py", options)
         golden = source.with_name("xla.py")

@@ -127,6 +127,41 @@ def rules(
             explain(rule, con)
 
 
+@app.command()
+def doctor(
+    paths: Optional[List[Path]] = typer.Argument(None, help="Code to scan (default: the project here)."),
+    fmt: Format = typer.Option(Format.TEXT, "--format", help="Output format."),
+    strict: bool = typer.Option(False, "--strict", help="Warnings fail too."),
+    require_tpu: bool = typer.Option(False, "--require-tpu", help="No TPU is a failure."),
+    no_smoke: bool = typer.Option(False, "--no-smoke", help="Skip the device smoke test."),
+    no_code: bool = typer.Option(False, "--no-code", help="Skip the code scan."),
+    timeout: float = typer.Option(180.0, "--timeout", min=1, help="Seconds for the device probe."),
+    select: Optional[List[str]] = typer.Option(None, "--select", help="Code rules to run."),
+    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Code rules to skip."),
+    jobs: int = typer.Option(0, "-j", "--jobs", min=0, help="Worker processes for the code scan."),
+) -> None:
+    """Pre-flight check for CI and a fresh TPU VM: environment, device, leftover CUDA code."""
+    from tpukit.doctor.checks import DoctorContext
+    from tpukit.doctor.command import DoctorRequest, run_doctor
+    from tpukit.migrate.command import UsageError
+
+    targets = list(paths) if paths else [Path.cwd()]
+    try:
+        config = load_config(targets[0])
+    except ConfigError as exc:
+        fail(str(exc))
+    context = DoctorContext(probe_timeout=timeout, smoke=not no_smoke, require_tpu=require_tpu)
+    request = DoctorRequest(
+        paths=targets, config=config, context=context, fmt=fmt, strict=strict,
+        code=not no_code, jobs=jobs, select=_codes(select), ignore=_codes(ignore),
+    )
+    try:
+        code = run_doctor(request)
+    except UsageError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
 def main() -> None:
     try:
         app()

@@ -69,13 +69,16 @@ def explain(rule: Rule, con: Console) -> None:
     header.append(f"{rule.code} {rule.name}", style="bold")
     header.append(f"  severity={rule.severity.value} fix={rule.fix.value}")
     parts: list = [header, Text(rule.summary, style="italic"), Text(""), Text(rule.why)]
-    mapping = Table(show_header=True, box=None)
-    for target in TARGETS:
-        mapping.add_column(target, overflow="fold")
-    lines = {t: _mapping_lines(rule, t) for t in TARGETS}
-    for i in range(max(len(v) for v in lines.values())):
-        mapping.add_row(*(lines[t][i] if i < len(lines[t]) else "" for t in TARGETS))
-    parts += [Text(""), Text("Mapping per target", style="bold"), mapping]
+    if not rule.checks_code:
+        parts += [Text(""), Text(f"Checked by `tpukit doctor`. Fix: {rule.message}")]
+    else:
+        mapping = Table(show_header=True, box=None)
+        for target in TARGETS:
+            mapping.add_column(target, overflow="fold")
+        lines = {t: _mapping_lines(rule, t) for t in TARGETS}
+        for i in range(max(len(v) for v in lines.values())):
+            mapping.add_row(*(lines[t][i] if i < len(lines[t]) else "" for t in TARGETS))
+        parts += [Text(""), Text("Mapping per target", style="bold"), mapping]
     for n, example in enumerate(rule.examples, 1):
         parts += [Text(""), Text(f"Example {n}: before", style="bold")]
         parts.append(Syntax(example.before.strip("\n"), "python", theme="ansi_dark"))

@@ -48,6 +48,11 @@ class Rule:
     def target(self, target: str) -> dict:
         return self.targets.get(target, {})
 
+    @property
+    def checks_code(self) -> bool:
+        """A rule about source code (migrate), not about the environment (doctor)."""
+        return self.extra.get("engine") != "doctor"
+
 
 def rules_dir() -> Path:
     here = Path(__file__).resolve().parent
@@ -81,7 +86,7 @@ def _parse(path: Path) -> Rule:
         expected = {t: raw[t] for t in TARGETS if t in raw}
         codes = tuple(raw["codes"]) if "codes" in raw else None
         examples.append(Example(raw["before"], expected, codes))
-    if not examples:
+    if not examples and data.get("engine") != "doctor":  # environment checks have no code
         raise RuleError(f"{path}: a rule needs at least one example (examples are its tests)")
     try:
         severity, fix = Severity(data["severity"]), FixKind(data["fix"])
@@ -95,7 +100,7 @@ def _parse(path: Path) -> Rule:
         fix=fix,
         summary=data["summary"].strip(),
         why=data["why"].strip(),
-        triggers=tuple(data.get("triggers", ("cuda",))),
+        triggers=tuple(data.get("triggers", () if data.get("engine") == "doctor" else ("cuda",))),
         targets=targets,
         examples=tuple(examples),
         path=path,
@@ -118,7 +123,7 @@ def load_rules() -> dict[str, Rule]:
 
 def select_rules(select: list[str] | None, ignore: list[str] | None) -> list[Rule]:
     """Rules whose code starts with a prefix in `select` (all when empty), minus `ignore`."""
-    rules = load_rules().values()
+    rules = [r for r in load_rules().values() if r.checks_code]
     chosen = [r for r in rules if not select or any(r.code.startswith(p) for p in select)]
     return [r for r in chosen if not any(r.code.startswith(p) for p in (ignore or ()))]
 

@@ -18,8 +18,8 @@ def escape_property(text: str) -> str:
 
 
 def annotation(kind: str, path: str, line: int, col: int, title: str, message: str, end=None) -> str:
-    props = [f"file={escape_property(path)}", f"line={line}", f"col={col}"]
-    if end is not None and end[0] is not None:
+    props = [f"file={escape_property(path)}", f"line={line}", f"col={col}"] if path else []
+    if path and end is not None and end[0] is not None:
         props.append(f"endLine={end[0]}")
         if end[1] is not None:
             props.append(f"endColumn={end[1]}")

@@ -55,7 +55,9 @@ def as_sarif(report) -> dict:
                             "region": _region(finding.location),
                         }
                     }
-                ],
+                ]
+                if finding.location.path
+                else [],  # an environment check: no file to point at
                 "properties": {"fix": finding.fix.value, "applied": finding.applied},
             }
         )

@@ -24,7 +24,8 @@ def render(report, out: TextIO, err: TextIO) -> None:
             continue
         loc = finding.location
         line = Text()
-        line.append(f"{loc.path}:{loc.line}:{loc.col}:", style="bold")
+        where = f"{loc.path}:{loc.line}:{loc.col}:" if loc.path else "environment:"
+        line.append(where, style="bold")
         line.append(" ")
         line.append(finding.code, style=STYLE[finding.severity])
         line.append(" [*] " if finding.applied else " ")

@@ -1,0 +1,270 @@
+"""`tpukit doctor`: every check driven by a controlled environment.
+
+The TPU-present paths are tested with fakes (a /dev/accel0 file, a libtpu or torch_tpu
+distribution on a search path, a torch_xla that fails to import): nothing here claims to
+have run on a TPU. The real XLA:CPU smoke test runs at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpukit.doctor.checks import (
+    DoctorContext,
+    ProbeResult,
+    check_compile_cache,
+    check_device,
+    check_env_vars,
+    check_multihost,
+    check_packages,
+    check_python,
+    check_smoke_test,
+    check_torchtpu,
+)
+from tpukit.findings import Severity
+
+
+def fake_dist(site: Path, name: str, version: str, files: list[str] = ()) -> None:
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "RECORD").write_text("".join(f"{f},,\n" for f in files))
+
+
+@pytest.fixture
+def site(tmp_path) -> Path:
+    folder = tmp_path / "site"
+    folder.mkdir()
+    return folder
+
+
+def context(site: Path, tmp_path: Path, probe: dict | None = None, **kw) -> DoctorContext:
+    dev = tmp_path / "dev"
+    dev.mkdir(exist_ok=True)
+    ctx = DoctorContext(env=kw.pop("env", {}), dev_root=dev, search_path=[str(site)], **kw)
+    if probe is not None:
+        ctx.__dict__["probe"] = ProbeResult(probe)  # what the subprocess would have said
+    return ctx
+
+
+def codes(result) -> list[tuple[str, str]]:
+    return [(f.code, f.severity.value) for f in result.findings]
+
+
+# -- python -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "version,expected",
+    [((3, 11, 7), []), ((3, 9, 18), [("TPU001", "error")]), ((3, 14, 0), [("TPU001", "warning")])],
+)
+def test_python_version(version, expected, site, tmp_path):
+    assert codes(check_python(context(site, tmp_path, version_info=version))) == expected
+
+
+# -- packages ------------------------------------------------------------------------------
+def test_matching_torch_and_torch_xla_pass(site, tmp_path):
+    fake_dist(site, "torch", "2.9.0+cu128")
+    fake_dist(site, "torch-xla", "2.9.0")
+    fake_dist(site, "torchvision", "0.24.0")
+    result = check_packages(context(site, tmp_path, probe={"torch": "2.9.0"}))
+    assert result.status == "ok" and "torch_xla 2.9.0" in result.detail
+
+
+def test_missing_and_mismatched_packages(site, tmp_path):
+    assert codes(check_packages(context(site, tmp_path, probe={}))) == [
+        ("TPU002", "error"), ("TPU002", "error")]
+    fake_dist(site, "torch", "2.8.0")
+    fake_dist(site, "torch-xla", "2.9.0")
+    fake_dist(site, "torchvision", "0.25.0")
+    messages = [f.message for f in check_packages(context(site, tmp_path, probe={})).findings]
+    assert "built against exactly torch 2.9.0" in messages[0]
+    assert "torchvision 0.25.0 does not match torch 2.8.0 (expected 0.23.x)" in messages[1]
+
+
+def test_undefined_symbol_import_error_is_explained_as_abi_mismatch(site, tmp_path):
+    fake_dist(site, "torch", "2.9.0")
+    fake_dist(site, "torch-xla", "2.9.0")
+    probe = {"import_error": "ImportError: /x/_XLAC.so: undefined symbol: _ZN5torch8autograd"}
+    (finding,) = check_packages(context(site, tmp_path, probe=probe)).findings
+    assert "C++ ABI mismatch" in finding.message and "--force-reinstall" in finding.message
+
+
+def test_real_probe_reports_an_undefined_symbol_from_a_broken_torch_xla(tmp_path):
+    # A torch_xla that fails the way an ABI mismatch does, first on the probe's path.
+    broken = tmp_path / "broken" / "torch_xla"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text(
+        "raise ImportError('_XLAC.cpython-311-x86_64-linux-gnu.so: undefined symbol: _ZN3c10')\n")
+    ctx = DoctorContext(env={**os.environ, "PYTHONPATH": str(tmp_path / "broken")}, smoke=False,
+                        probe_timeout=120)
+    pytest.importorskip("torch")
+    assert "undefined symbol" in ctx.probe.data["import_error"]
+
+
+# -- device ---------------------------------------------------------------------------------
+def test_no_tpu_is_a_pass_unless_required(site, tmp_path):
+    probe = {"pjrt_device": "CPU"}
+    result = check_device(context(site, tmp_path, probe=probe))
+    assert result.status == "ok" and codes(result) == [("TPU003", "info")]
+    assert "PJRT_DEVICE=unset -> CPU" in result.detail
+    required = check_device(context(site, tmp_path, probe=probe, require_tpu=True))
+    assert codes(required) == [("TPU003", "error")]
+
+
+def test_fake_tpu_chips_with_libtpu_pass(site, tmp_path):
+    ctx = context(site, tmp_path, probe={"pjrt_device": "TPU"}, env={"PJRT_DEVICE": "TPU", "PATH": ""})
+    (ctx.dev_root / "accel0").touch()
+    (ctx.dev_root / "accel1").touch()
+    fake_dist(site, "libtpu", "0.0.52")
+    result = check_device(ctx)
+    assert result.status == "ok" and result.findings == []
+    assert "TPU chips: accel0, accel1" in result.detail and "libtpu 0.0.52" in result.detail
+
+
+def test_v5e_vfio_chips_without_libtpu_fail(site, tmp_path):
+    ctx = context(site, tmp_path, probe={"pjrt_device": "CPU"}, env={"PATH": ""})
+    (ctx.dev_root / "vfio").mkdir()
+    (ctx.dev_root / "vfio" / "0").touch()
+    messages = [(f.severity, f.message) for f in check_device(ctx).findings]
+    assert (Severity.ERROR, "TPU chips are present but libtpu is not installed: pip install torch_xla[tpu]") in messages
+    assert any(s is Severity.WARNING and "runs on CPU" in m for s, m in messages)
+
+
+def test_pjrt_tpu_without_chips_fails(site, tmp_path):
+    ctx = context(site, tmp_path, probe={"pjrt_device": "TPU"}, env={"PJRT_DEVICE": "TPU"})
+    assert codes(check_device(ctx)) == [("TPU003", "error")]
+
+
+def test_tpu_info_output_is_reported_when_installed(site, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "tpu-info"
+    tool.write_text("#!/bin/sh\necho 'TPU Chips: 4 x v5litepod'\necho 'HBM: 16.00 GiB each'\n")
+    tool.chmod(0o755)
+    ctx = context(site, tmp_path, probe={"pjrt_device": "TPU"}, env={"PATH": str(bin_dir)})
+    (ctx.dev_root / "accel0").touch()
+    fake_dist(site, "libtpu", "0.0.52")
+    assert "tpu-info: TPU Chips: 4 x v5litepod | HBM: 16.00 GiB each" in check_device(ctx).detail
+
+
+# -- smoke test -----------------------------------------------------------------------------
+def test_smoke_test_failures(site, tmp_path):
+    hung = context(site, tmp_path)
+    hung.__dict__["probe"] = ProbeResult(error="did not finish in 5 s (a hung runtime?)")
+    assert "hung runtime" in check_smoke_test(hung).findings[0].message
+    broken = context(site, tmp_path, probe={"device": "xla:0", "smoke_error": "RuntimeError: boom"})
+    assert codes(check_smoke_test(broken)) == [("TPU004", "error")]
+    wrong = context(site, tmp_path, probe={"device": "xla:0", "max_abs_error": 3.0})
+    assert codes(check_smoke_test(wrong)) == [("TPU004", "error")]
+
+
+def test_hung_probe_times_out_instead_of_hanging(tmp_path):
+    sleeper = tmp_path / "python"
+    sleeper.write_text("#!/bin/sh\nsleep 30\n")
+    sleeper.chmod(0o755)
+    ctx = DoctorContext(env=dict(os.environ), python=str(sleeper), probe_timeout=1)
+    assert ctx.probe.error == "did not finish in 1 s (a hung runtime?)"
+
+
+# -- environment variables ---------------------------------------------------------------------
+def test_deprecated_and_debug_variables(site, tmp_path):
+    env = {"XLA_USE_BF16": "1", "XRT_TPU_CONFIG": "localservice;0;localhost:51011",
+           "PT_XLA_DEBUG_LEVEL": "2", "PT_XLA_DEBUG": "0"}
+    messages = [f.message for f in check_env_vars(context(site, tmp_path, env=env)).findings]
+    assert len(messages) == 3
+    assert messages[0].startswith("XLA_USE_BF16=1: silently casts")
+    assert "XRT runtime" in messages[1] and messages[2].startswith("PT_XLA_DEBUG_LEVEL=2")
+
+
+def test_compile_cache_path(site, tmp_path):
+    ok = context(site, tmp_path, env={"XLA_PERSISTENT_CACHE_PATH": str(tmp_path / "cache" / "xla")})
+    assert check_compile_cache(ok).status == "ok"
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    bad = context(site, tmp_path, env={"XLA_PERSISTENT_CACHE_PATH": str(blocker / "cache")})
+    assert "which is a file, not a folder" in check_compile_cache(bad).findings[0].message
+    assert check_compile_cache(context(site, tmp_path)).status == "skip"
+
+
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        ({}, []),
+        ({"TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "h0,h1", "TPU_ACCELERATOR_TYPE": "v4-16"}, []),
+        ({"TPU_WORKER_ID": "2", "TPU_WORKER_HOSTNAMES": "h0,h1", "TPU_ACCELERATOR_TYPE": "v4-16"},
+         [("TPU007", "error")]),
+        ({"TPU_WORKER_ID": "0"}, [("TPU007", "error")]),
+        ({"TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "h0", "TPU_ACCELERATOR_TYPE": "big-tpu"},
+         [("TPU007", "warning")]),
+    ],
+)
+def test_multihost_variables(env, expected, site, tmp_path):
+    assert codes(check_multihost(context(site, tmp_path, env=env))) == expected
+
+
+# -- torch_tpu --------------------------------------------------------------------------------
+def test_google_torchtpu_is_told_from_an_unrelated_package(site, tmp_path):
+    assert check_torchtpu(context(site, tmp_path)).status == "skip"
+    package = site / "torch_tpu"
+    (package / "_internal").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "_internal" / "public_api.py").write_text("_PUBLIC_MODULES = {}\n")
+    fake_dist(site, "torch-tpu", "0.2.0", ["torch_tpu/__init__.py"])
+    fake_dist(site, "torch", "2.9.0")
+    result = check_torchtpu(context(site, tmp_path))
+    assert result.detail.startswith("Google's TorchTPU 0.2.0")
+    messages = " ".join(f.message for f in result.findings)
+    assert "needs torch 2.11-2.15" in messages and "libtpu >= 0.0.50" in messages
+
+
+def test_unrelated_torch_tpu_module(site, tmp_path):
+    (site / "torch_tpu").mkdir()
+    (site / "torch_tpu" / "__init__.py").write_text("")
+    fake_dist(site, "torch-tpu-utils", "1.0", ["torch_tpu/__init__.py"])
+    (finding,) = check_torchtpu(context(site, tmp_path)).findings
+    assert "torch-tpu-utils 1.0, not Google's TorchTPU" in finding.message
+
+
+# -- the command ------------------------------------------------------------------------------
+def test_doctor_on_this_machine_passes_on_xla_cpu(tmp_path, run_cli):
+    pytest.importorskip("torch_xla")
+    (tmp_path / "train.py").write_text("import torch\nx = torch.zeros(1).cuda()\n")
+    proc = run_cli("doctor", "--format", "json", ".", cwd=tmp_path, env={"PJRT_DEVICE": "CPU"})
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = {c["name"]: c for c in report["summary"]["checks"]}
+    assert checks["smoke test"]["status"] == "ok" and "matmul on xla:0" in checks["smoke test"]["detail"]
+    assert checks["device"]["detail"].startswith("PJRT_DEVICE=CPU -> CPU")
+    assert [f["code"] for f in report["findings"] if f["path"]] == ["TPU102"]
+
+
+def test_doctor_exit_codes(tmp_path, run_cli):
+    (tmp_path / "train.py").write_text("import apex\nimport torch\nx = torch.zeros(1).cuda()\n")
+    text = run_cli("doctor", "--no-smoke", ".", cwd=tmp_path, env={"PJRT_DEVICE": "CPU"})
+    assert text.returncode == 1  # TPU901: a CUDA-only library is an error
+    assert "train.py:1:1: TPU901" in text.stdout and "doctor: FAIL" in text.stdout
+    (tmp_path / "train.py").write_text("import torch\nx = torch.zeros(1).cuda()\n")
+    run_cli("doctor", "--no-smoke", ".", cwd=tmp_path, env={"PJRT_DEVICE": "CPU"}, check_rc=0)
+    run_cli("doctor", "--no-smoke", "--strict", ".", cwd=tmp_path, env={"PJRT_DEVICE": "CPU"}, check_rc=1)
+    run_cli("doctor", "--no-smoke", "--require-tpu", "--no-code", cwd=tmp_path,
+            env={"PJRT_DEVICE": "CPU"}, check_rc=1)
+    run_cli("doctor", "missing_dir", cwd=tmp_path, check_rc=2)
+
+
+def test_doctor_github_and_sarif(tmp_path, run_cli):
+    (tmp_path / "t.py").write_text("import torch\ns = torch.cuda.Stream()\n")
+    env = {"PJRT_DEVICE": "CPU", "XLA_USE_BF16": "1"}
+    github = run_cli("doctor", "--no-smoke", "--format", "github", ".", cwd=tmp_path, env=env)
+    lines = github.stdout.splitlines()
+    assert any(line.startswith("::warning title=TPU005 (deprecated-env)::XLA_USE_BF16=1") for line in lines)
+    assert any(line.startswith("::error file=t.py,line=2,col=5") for line in lines)
+    sarif = json.loads(run_cli("doctor", "--no-smoke", "--format", "sarif", ".", cwd=tmp_path, env=env).stdout)
+    import jsonschema
+
+    from conftest import ROOT
+
+    jsonschema.validate(sarif, json.loads((ROOT / "tests/data/sarif-schema-2.1.0.json").read_text()))

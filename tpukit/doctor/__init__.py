@@ -1,0 +1,1 @@
+"""`tpukit doctor`: a pre-flight check of the environment, the device, and the code."""
