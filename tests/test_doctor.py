@@ -253,6 +253,9 @@ def test_doctor_exit_codes(tmp_path, run_cli):
     run_cli("doctor", "--no-smoke", "--require-tpu", "--no-code", cwd=tmp_path,
             env={"PJRT_DEVICE": "CPU"}, check_rc=1)
     run_cli("doctor", "missing_dir", cwd=tmp_path, check_rc=2)
+    (tmp_path / "broken.py").write_text("import torch\ndef f(:\n    torch.cuda.synchronize()\n")
+    broken = run_cli("doctor", "--no-smoke", ".", cwd=tmp_path, env={"PJRT_DEVICE": "CPU"}, check_rc=1)
+    assert "broken.py:2:7: error: syntax error" in broken.stderr
 
 
 def test_doctor_github_and_sarif(tmp_path, run_cli):

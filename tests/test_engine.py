@@ -44,14 +44,15 @@ def test_aliases_resolve_to_the_same_rewrite(source):
     assert "synchronize" not in result and "sync_gpu" not in result
 
 
-def test_aliased_autocast_import_is_resolved():
-    # No rewrite yet for AMP (a later rule), but the alias must resolve to torch.cuda.amp.
-    found = migrate("from torch.cuda.amp import autocast as ac\nwith ac():\n    pass\n")
+def test_aliased_autocast_import_is_resolved_and_its_import_removed():
+    result = out("import torch\nfrom torch.cuda.amp import autocast as ac\nwith ac():\n    pass\n")
+    assert result == 'import torch\nwith torch.autocast("xla", dtype=torch.bfloat16):\n    pass\n'
+
+
+def test_unmapped_cuda_name_through_a_from_import_is_reported():
+    found = migrate("from torch.cuda import FloatTensor as FT\nx = FT(3)\n")
     assert [f.code for f in found.findings] == ["TPU117"]
-    assert "torch.cuda.amp.autocast" in found.findings[0].message
-    found = migrate("import torch\nwith torch.cuda.amp.autocast():\n    pass\n")
-    assert [f.code for f in found.findings] == ["TPU117"]
-    assert "torch.cuda.amp.autocast" in found.findings[0].message
+    assert "torch.cuda.FloatTensor" in found.findings[0].message
 
 
 def test_local_named_cuda_is_left_alone():

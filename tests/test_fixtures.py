@@ -41,3 +41,14 @@ def test_golden_still_reports_exactly_what_was_left_for_a_person(name):
     again = migrate_source((folder / "xla.py").read_text(), "xla.py", OPTIONS).findings
     assert sorted(f.code for f in first if not f.applied) == sorted(f.code for f in again)
     assert not any(f.applied for f in again)
+
+
+REFERENCES = sorted(p.parent.name for p in FIXTURES.glob("*/reference_xla.py"))
+
+
+@pytest.mark.parametrize("name", REFERENCES)
+def test_careful_hand_port_has_nothing_left_to_migrate(name):
+    reference = (FIXTURES / name / "reference_xla.py").read_text()
+    migration = migrate_source(reference, "reference_xla.py", OPTIONS)
+    assert migration.new_source == reference
+    assert not [f for f in migration.findings if f.applied]

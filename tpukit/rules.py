@@ -38,12 +38,14 @@ class Rule:
     fix: FixKind
     summary: str
     why: str
-    triggers: tuple[str, ...]
+    triggers: tuple[str, ...]  # a file without any of these is not parsed
     targets: dict[str, dict]
     examples: tuple[Example, ...]
     path: Path
     message: str = ""
     extra: dict = field(default_factory=dict)
+    # Words a statement must contain to be traversed (default: the triggers).
+    statement_triggers: tuple[str, ...] = ()
 
     def target(self, target: str) -> dict:
         return self.targets.get(target, {})
@@ -92,7 +94,7 @@ def _parse(path: Path) -> Rule:
         severity, fix = Severity(data["severity"]), FixKind(data["fix"])
     except ValueError as exc:
         raise RuleError(f"{path}: {exc}") from exc
-    known = set(_REQUIRED) | {"targets", "examples", "triggers", "message"}
+    known = set(_REQUIRED) | {"targets", "examples", "triggers", "message", "statement_triggers"}
     return Rule(
         code=code,
         name=data["name"],
@@ -106,6 +108,7 @@ def _parse(path: Path) -> Rule:
         path=path,
         message=data.get("message", "").strip(),
         extra={k: v for k, v in data.items() if k not in known},
+        statement_triggers=tuple(data.get("statement_triggers", ())),
     )
 
 

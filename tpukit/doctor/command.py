@@ -67,12 +67,13 @@ def run_doctor(request: DoctorRequest) -> int:
     if request.code:
         manual = sum(f.needs_person for f in code_findings)
         worst = {f.severity for f in code_findings if f.needs_person or f.applied}
-        status = "fail" if Severity.ERROR in worst else "warn" if code_findings else "ok"
+        status = "fail" if errors or Severity.ERROR in worst else "warn" if code_findings else "ok"
         code_row = (status, f"{files} Python file(s): {len(code_findings)} finding(s), "
                             f"{sum(f.applied for f in code_findings)} fixable by `tpukit migrate`, "
                             f"{manual} need a person")
     findings = env_findings + code_findings
-    failed = any(f.severity is Severity.ERROR for f in findings)
+    # A file tpukit cannot read or parse is a failed code check, not a doctor failure.
+    failed = bool(errors) or any(f.severity is Severity.ERROR for f in findings)
     warned = any(f.severity is Severity.WARNING for f in findings)
     verdict = "FAIL" if failed or (request.strict and warned) else "PASS"
     summary = {
@@ -89,6 +90,4 @@ def run_doctor(request: DoctorRequest) -> int:
     if request.fmt is Format.TEXT:
         _table(checks, code_row, sys.stdout)
     render(report, request.fmt, sys.stdout, sys.stderr)
-    if errors:
-        return 2
     return 1 if verdict == "FAIL" else 0

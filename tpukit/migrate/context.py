@@ -23,6 +23,7 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
     "xm": ("torch_xla.core.xla_model", "xm"),
     "xr": ("torch_xla.runtime", "xr"),
     "xp": ("torch_xla.debug.profiler", "xp"),
+    "pl": ("torch_xla.distributed.parallel_loader", "pl"),
     "torch": ("torch", None),
 }
 _ALIAS_USE = re.compile(r"\b(" + "|".join(IMPORTS) + r")\.")
@@ -156,8 +157,11 @@ class Report:
 
 
 class MigrationContext:
-    def __init__(self, module: cst.Module, target: str, unsafe_fixes: bool) -> None:
+    def __init__(
+        self, module: cst.Module, target: str, unsafe_fixes: bool, source: str = ""
+    ) -> None:
         self.module = module
+        self.source = source  # the file's text, for cheap whole-file lookups (regex prepasses)
         self.target = target
         self.unsafe_fixes = unsafe_fixes
         self.aliases: dict[str, str] = {}
@@ -166,6 +170,7 @@ class MigrationContext:
         self.helpers_needed: set[str] = set()
         self.handled: set[int] = set()  # id() of nodes a rule already spoke for
         self.in_import = False
+        self.claimed: set[str] = set()  # qualified names some active rule rewrites
         self.current_top: cst.CSTNode | None = None
         self.fstring_quotes: list[str] = []  # quotes of the f-strings around the current node
         self.functions: list[cst.FunctionDef | cst.Lambda] = []  # enclosing functions
@@ -274,6 +279,14 @@ class MigrationContext:
 
     def need_import(self, alias: str) -> None:
         self.imports_needed.add(alias)
+
+    def torch_name(self) -> str:
+        """The name this file uses for torch (`torch`, or `th` after `import torch as th`)."""
+        for name, full in self.aliases.items():
+            if full == "torch":
+                return name
+        self.need_import("torch")
+        return "torch"
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)

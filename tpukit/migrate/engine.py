@@ -26,7 +26,13 @@ from tpukit.rules import Rule
 
 COMMENT_PREFIX = "# tpukit: "
 # Imports whose names a rewrite can leave unused (torch.cuda.*, cuDNN flags, accelerator API).
-_ORPHANABLE = ("torch.cuda", "torch.backends.cudnn", "torch.backends.cuda", "torch.accelerator")
+_ORPHANABLE = (
+    "torch.cuda",
+    "torch.backends.cudnn",
+    "torch.backends.cuda",
+    "torch.accelerator",
+    "torch.amp",
+)
 
 
 @dataclass
@@ -56,18 +62,24 @@ def triggers_of(rules: list[Rule]) -> tuple[str, ...]:
     return tuple(sorted({t for rule in rules for t in rule.triggers}))
 
 
+def statement_triggers_of(rules: list[Rule]) -> tuple[str, ...]:
+    return tuple(sorted({t for r in rules for t in (r.statement_triggers or r.triggers)}))
+
+
 def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration:
     """Migrate one file's text. Raises libcst.ParserSyntaxError on invalid Python."""
     if not any(trigger in source for trigger in triggers_of(options.rules)):
         return Migration(source, source)
     module = cst.parse_module(source)
-    layout = Layout(module, source, triggers_of(options.rules))
-    ctx = MigrationContext(module, options.target, options.unsafe_fixes)
+    ctx = MigrationContext(module, options.target, options.unsafe_fixes, source)
     transforms = []
+    triggers = set(statement_triggers_of(options.rules))
     for rule in options.rules:
         cls = transform_for(rule)
         if cls is not None:
             transforms.append(cls(rule, ctx))
+            triggers |= cls.extra_triggers(source)
+    layout = Layout(module, source, tuple(sorted(triggers)))
     rewriter = Rewriter(ctx, HookTable(transforms), layout)
     new_module = module.visit(rewriter)
     if not ctx.reports:
@@ -212,6 +224,8 @@ class Rewriter(cst.CSTTransformer):
             result = hook(original, updated)
             if result is not None:
                 updated = result
+                if isinstance(updated, (cst.FlattenSentinel, cst.RemovalSentinel)):
+                    return updated
         if isinstance(updated, cst.SimpleStatementLine):
             return self._apply_line_plans(original, updated)
         if isinstance(updated, cst.SimpleStatementSuite):
@@ -353,10 +367,12 @@ class _NameUses(cst.CSTVisitor):
     def visit_Name(self, node: cst.Name) -> None:
         self.names[node.value] = self.names.get(node.value, 0) + 1
 
-    def visit_Attribute(self, node: cst.Attribute) -> None:
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
         path = dotted(node)
         if path:
             self.dotted[path] = self.dotted.get(path, 0) + 1
+        node.value.visit(self)  # `x.autocast`: the attribute name is not a use of `autocast`
+        return False
 
 
 def _orphanable(full: str) -> bool:

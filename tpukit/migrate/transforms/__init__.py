@@ -3,9 +3,13 @@
 
 def load_transforms() -> None:
     from tpukit.migrate.transforms import (  # noqa: F401 - imported to register
+        amp,
         api_map,
         backend_flags,
+        checkpoints,
         cuda_only,
         devices,
         generic,
+        hot_loop,
+        loops,
     )

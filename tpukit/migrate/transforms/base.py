@@ -27,10 +27,21 @@ class StatementPlan:
 
 
 class Transform:
+    # Qualified names this rule rewrites in a leave hook (after the generic unmapped-API rule
+    # has looked at them): listed so that rule leaves them alone.
+    claims: frozenset[str] = frozenset()
+
     def __init__(self, rule: Rule, ctx: MigrationContext) -> None:
         self.rule = rule
         self.ctx = ctx
         self.mapping = rule.target(ctx.target)
+        ctx.claimed.update(self.claims)
+
+    @staticmethod
+    def extra_triggers(source: str) -> set[str]:
+        """Words that make a statement worth traversing, found in this file's text (for names
+        only the file knows, e.g. a class whose instances the rule must follow)."""
+        return set()
 
     def fix_or_report(self, node: cst.CSTNode, message: str, build):
         """Report `node`; return `build()` when this rule may fix it here, else None."""

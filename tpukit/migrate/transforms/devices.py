@@ -224,7 +224,22 @@ class IsCuda(Transform):
 class DeviceTypeComparison(Transform):
     _OPERATORS = (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)
 
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.assigned: list[list[str]] = []
+
+    def visit_Assign(self, node: cst.Assign):
+        self.assigned.append([terminal_name(t.target).lower() for t in node.targets])
+
+    def leave_Assign(self, original, updated):
+        self.assigned.pop()
+        return None
+
     def leave_Comparison(self, original: cst.Comparison, updated: cst.Comparison):
+        if any("fused" in name for names in self.assigned for name in names):
+            # `use_fused = device_type == 'cuda'`: fused optimizers are CUDA kernels, which
+            # XLA does not have (it fuses the update itself): the check must stay False.
+            return None
         left_old, left_new = original.left, updated.left
         new_left = left_new
         targets = list(updated.comparisons)

@@ -22,8 +22,9 @@ class UnmappedCudaApi(Transform):
             name = ctx.qualify(node)
             if not (name and name.startswith("torch.cuda.")):
                 return None
-            self._report(node, name)
-        ctx.handled.update(id(n) for n in inner)
+            if name not in ctx.claimed:
+                self._report(node, name)
+        ctx.handled.update(id(n) for n in inner)  # `torch.cuda.amp` inside `torch.cuda.amp.x`
         return None
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
@@ -31,7 +32,7 @@ class UnmappedCudaApi(Transform):
         # every rule's visit hook has had its chance to claim the call.
         if isinstance(original.func, cst.Name) and id(original) not in self.ctx.handled:
             name = self.ctx.qualify(original.func)
-            if name and name.startswith("torch.cuda."):
+            if name and name.startswith("torch.cuda.") and name not in self.ctx.claimed:
                 self._report(original, name)
         return None
 

@@ -1,0 +1,364 @@
+"""Mixed precision: fp16 autocast becomes bf16 autocast on XLA; GradScaler goes away.
+
+TPUs compute in bfloat16, which has float32's exponent range: gradients do not underflow,
+so loss scaling is not needed, and every GradScaler call has a plain equivalent.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from tpukit.migrate.context import dotted, string_value, terminal_name
+from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
+
+CUDA_AUTOCAST = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
+DEVICE_AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"}
+GRAD_SCALERS = {
+    "torch.cuda.amp.GradScaler",
+    "torch.amp.GradScaler",
+    "torch.cuda.amp.grad_scaler.GradScaler",
+    "torch.amp.grad_scaler.GradScaler",
+}
+FP16 = {"torch.float16", "torch.half"}
+SCALER_METHODS = ("scale", "step", "update", "unscale_", "state_dict", "load_state_dict",
+                  "get_scale", "is_enabled")
+_COMMENT = re.compile(r"#[^\n]*")
+_CLASS = re.compile(r"^class\s+(\w+)", re.M)
+_TIE = re.compile(r"self\.[\w.]+\.weight\s*=\s*self\.[\w.]+\.weight")
+_SCALER_ASSIGN = re.compile(r"(\w+)\s*(?::[^=\n]+)?=\s*[\w.]*GradScaler\s*\(")
+
+
+def _keyword(call: cst.Call, name: str) -> cst.Arg | None:
+    return next((a for a in call.args if a.keyword and a.keyword.value == name), None)
+
+
+def _arg(value: str | cst.BaseExpression, keyword: str | None = None) -> cst.Arg:
+    expr = cst.parse_expression(value) if isinstance(value, str) else value
+    if keyword is None:
+        return cst.Arg(expr)
+    return cst.Arg(expr, keyword=cst.Name(keyword), equal=cst.AssignEqual(
+        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+
+
+def _with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
+    out = []
+    for i, arg in enumerate(args):
+        last = i == len(args) - 1
+        out.append(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT if last else cst.Comma(
+            whitespace_after=cst.SimpleWhitespace(" "))))
+    return out
+
+
+@transform("TPU201")
+class Autocast(Transform):
+    """`torch.cuda.amp.autocast(...)`, `torch.autocast("cuda", ...)`, `torch.amp.autocast(
+    device_type="cuda", dtype=torch.float16)` -> `torch.autocast("xla", dtype=torch.bfloat16)`,
+    as a `with` item, a decorator or a value held in a variable; `enabled=` is kept."""
+
+    claims = frozenset(CUDA_AUTOCAST)
+
+    def _is_fp16(self, expr: cst.BaseExpression | None) -> bool:
+        return expr is not None and self.ctx.qualify(expr) in FP16
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        name = self.ctx.qualify(original.func)
+        if name in CUDA_AUTOCAST:
+            enabled = _keyword(updated, "enabled")
+            if enabled is None and updated.args and updated.args[0].keyword is None:
+                enabled = _arg(updated.args[0].value, "enabled")
+            kept = [a for a in updated.args if a.keyword and a.keyword.value == "cache_enabled"]
+            return self._rewrite(original, updated, [enabled, *kept])
+        if name not in DEVICE_AUTOCAST:
+            return None
+        device = _keyword(original, "device_type")
+        positional = [a for a in original.args if a.keyword is None]
+        device_expr = device.value if device else (positional[0].value if positional else None)
+        dtype = _keyword(original, "dtype")
+        if device_expr is None:
+            return None
+        literal = string_value(device_expr)
+        if literal == "cuda":
+            # device and dtype are replaced; enabled=/cache_enabled= are kept.
+            kept = [a for a in updated.args
+                    if a.keyword and a.keyword.value not in ("device_type", "dtype")]
+            return self._rewrite(original, updated, kept)
+        if literal is None and self._is_fp16(dtype.value if dtype else None):
+            # device_type held in a variable (already 'xla' after TPU101/TPU104): fix the dtype.
+            return self.fix_or_report(
+                original,
+                f"`{self.ctx.short(original)}` autocasts to float16; TPUs compute in bfloat16",
+                lambda: updated.with_changes(args=[
+                    a.with_changes(value=cst.parse_expression(f"{self.ctx.torch_name()}.bfloat16"))
+                    if a.keyword and a.keyword.value == "dtype" else a
+                    for a in updated.args
+                ]),
+            )
+        return None
+
+    def _rewrite(self, original: cst.Call, updated: cst.Call, kept: list):
+        torch = self.ctx.torch_name()
+
+        def build():
+            args = [_arg('"xla"'), _arg(f"{torch}.bfloat16", "dtype")]
+            args += [a for a in kept if a is not None]
+            return updated.with_changes(
+                func=cst.parse_expression(f"{torch}.autocast"), args=_with_commas(args)
+            )
+
+        return self.fix_or_report(
+            original,
+            f"`{self.ctx.short(original)}` is CUDA fp16 autocast; on TPU use "
+            '`torch.autocast("xla", dtype=torch.bfloat16)`',
+            build,
+        )
+
+
+@transform("TPU202")
+class HalfPrecision(Transform):
+    """`.half()` and float16 casts of models and inputs: bfloat16 on TPU (unsafe: changes the
+    numerics the script was tuned with)."""
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        func = original.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "half" and not original.args:
+            if self.ctx.qualify(func.value):
+                return None
+            return self.fix_or_report(
+                original,
+                f"`{self.ctx.short(original)}` casts to float16, which TPUs do not compute in "
+                "natively; use `.bfloat16()`",
+                lambda: updated.with_changes(func=updated.func.with_changes(attr=cst.Name("bfloat16"))),
+            )
+        if isinstance(func, cst.Attribute) and func.attr.value in ("to", "type"):
+            for i, (old, new) in enumerate(zip(original.args, updated.args)):
+                if self.ctx.qualify(old.value) in FP16 and (old.keyword is None or old.keyword.value == "dtype"):
+                    replacement = self.fix_or_report(
+                        old.value,
+                        f"`{self.ctx.short(original)}` casts to float16; on TPU use torch.bfloat16",
+                        lambda: cst.parse_expression(f"{self.ctx.torch_name()}.bfloat16"),
+                    )
+                    if replacement is None:
+                        return None
+                    args = list(updated.args)
+                    args[i] = new.with_changes(value=replacement)
+                    return updated.with_changes(args=args)
+        return None
+
+
+@transform("TPU203")
+class GradScaler(Transform):
+    """GradScaler removed: scale(loss) -> loss, step(opt) -> opt.step(), update()/unscale_()
+    removed, its state_dict left out of checkpoints, whatever the scaler is called."""
+
+    claims = frozenset(GRAD_SCALERS)
+
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.names = set(_SCALER_ASSIGN.findall(ctx.source))
+
+    def _is_scaler(self, expr: cst.BaseExpression) -> bool:
+        return terminal_name(expr) in self.names
+
+    def _method(self, call: cst.BaseExpression) -> str | None:
+        if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute):
+            if call.func.attr.value in SCALER_METHODS and self._is_scaler(call.func.value):
+                return call.func.attr.value
+        return None
+
+    def _used_beyond_methods(self, name: str) -> bool:
+        code = _COMMENT.sub("", self.ctx.source)  # "# ...the scaler is a no-op" is no use
+        uses = len(re.findall(rf"\b{re.escape(name)}\b", code))
+        methods = len(re.findall(rf"\b{re.escape(name)}\s*\.\s*(?:{'|'.join(SCALER_METHODS)})\b", code))
+        constructions = len(re.findall(rf"\b{re.escape(name)}\s*(?::[^=\n]+)?=\s*[\w.]*GradScaler\s*\(", code))
+        return uses - methods - constructions > 0
+
+    def _constructor(self, node, targets):
+        value = node.value
+        if not (isinstance(value, cst.Call) and self.ctx.qualify(value.func) in GRAD_SCALERS):
+            return None
+        names = [terminal_name(t) for t in targets]
+        text = self.ctx.short(node)
+        if any(self._used_beyond_methods(n) for n in names if n):
+            # Still passed around (`train(model, scaler)`): keep the name, as None.
+            return self.fix_or_report(
+                node, f"`{text}`: bf16 needs no loss scaling; the scaler becomes None",
+                lambda: StatementPlan([node.with_changes(value=cst.Name("None"))]),
+            )
+        return self.fix_or_report(
+            node, f"`{text}`: bf16 needs no loss scaling; GradScaler removed",
+            lambda: StatementPlan([], f'removed "{text}": bf16 needs no loss scaling'),
+        )
+
+    def visit_Assign(self, node: cst.Assign):
+        return self._constructor(node, [t.target for t in node.targets])
+
+    def visit_AnnAssign(self, node: cst.AnnAssign):
+        return self._constructor(node, [node.target]) if node.value is not None else None
+
+    def visit_Expr(self, node: cst.Expr):
+        method = self._method(node.value)
+        if method in ("update", "unscale_", "load_state_dict"):
+            text = self.ctx.short(node.value)
+            why = {
+                "update": "there is no loss scale to update",
+                "unscale_": "gradients are not scaled, so clipping sees the true values",
+                "load_state_dict": "there is no scaler state to restore",
+            }[method]
+            return self.fix_or_report(
+                node.value, f"`{text}` removed: {why} (bf16)",
+                lambda: StatementPlan([], f'removed "{text}": {why} (bf16)'),
+            )
+        return None
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        method = self._method(original)
+        if method == "scale" and updated.args:
+            return self.fix_or_report(
+                original, f"`{self.ctx.short(original)}` -> the loss itself: bf16 needs no loss scaling",
+                lambda: updated.args[0].value,
+            )
+        if method == "step" and updated.args:
+            optimizer = updated.args[0].value
+            return self.fix_or_report(
+                original, f"`{self.ctx.short(original)}` -> a plain optimizer step (bf16)",
+                lambda: cst.Call(func=cst.Attribute(value=optimizer, attr=cst.Name("step"))),
+            )
+        if method == "get_scale":
+            return self.fix_or_report(original, "no loss scale in bf16: 1.0", lambda: cst.Float("1.0"))
+        return None
+
+    def leave_Dict(self, original: cst.Dict, updated: cst.Dict):
+        # {"model": ..., "scaler": scaler.state_dict()}: the checkpoint keeps everything else.
+        drop = [i for i, e in enumerate(original.elements)
+                if isinstance(e, cst.DictElement) and self._method(e.value) == "state_dict"]
+        if not drop:
+            return None
+        def build():
+            kept = [e for i, e in enumerate(updated.elements) if i not in drop]
+            if kept and drop[-1] == len(original.elements) - 1:
+                # The new last element takes the old last one's comma (and its layout).
+                kept[-1] = kept[-1].with_changes(comma=updated.elements[-1].comma)
+            return updated.with_changes(elements=kept)
+
+        return self.fix_or_report(
+            original.elements[drop[0]],
+            f"`{self.ctx.short(original.elements[drop[0]])}`: no GradScaler state under bf16; "
+            "left out of the checkpoint",
+            build,
+        )
+
+
+@transform("TPU204")
+class FusedOptimizer(Transform):
+    """`torch.optim.AdamW(..., fused=True)`: fused optimizers are CUDA kernels; XLA compiles
+    the whole update into the step graph anyway."""
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        name = self.ctx.qualify(original.func) or ""
+        if not name.startswith("torch.optim."):
+            return None
+        fused = next((i for i, a in enumerate(original.args) if a.keyword and a.keyword.value == "fused"), None)
+        if fused is None or isinstance(original.args[fused].value, cst.Name) and original.args[fused].value.value in ("False", "None"):
+            return None
+
+        def build():
+            args = [a for i, a in enumerate(updated.args) if i != fused]
+            if args and fused == len(updated.args) - 1:
+                args[-1] = args[-1].with_changes(comma=updated.args[-1].comma)
+            return updated.with_changes(args=args)
+
+        return self.fix_or_report(
+            original.args[fused],
+            f"`{self.ctx.short(original.args[fused])}`: fused optimizers are CUDA kernels; XLA fuses "
+            "the update into the step graph itself: removed",
+            build,
+        )
+
+
+@transform("TPU205")
+class TiedWeights(Transform):
+    """`self.a.weight = self.b.weight` ties two modules' weights. Moving a module to an XLA
+    device creates new Parameter objects (XLA tensors cannot share a CPU tensor's storage),
+    which unties them: the migrated model trains two separate matrices. The tie is repeated
+    right after the model is moved."""
+
+    @staticmethod
+    def extra_triggers(source: str) -> set[str]:
+        # Classes that tie weights: statements that build or move their instances matter.
+        names = set()
+        for match in _CLASS.finditer(source):
+            body = source[match.end(): source.find("\nclass ", match.end()) % (len(source) + 1)]
+            if _TIE.search(body):
+                names.add(match.group(1))
+        return names
+
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.ties: dict[str, list[tuple[str, str]]] = {}  # class -> [(a.weight, b.weight)]
+        self.models: dict[str, str] = {}  # variable -> class
+        self.pending: dict[cst.CSTNode, str] = {}  # line that moves a model -> variable
+
+    def visit_ClassDef(self, node: cst.ClassDef):
+        ties = []
+        for stmt in _init_statements(node):
+            if not isinstance(stmt, cst.SimpleStatementLine):
+                continue
+            for small in stmt.body:
+                if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                    left, right = dotted(small.targets[0].target), dotted(small.value)
+                    if (left and right and left.startswith("self.") and right.startswith("self.")
+                            and left.endswith(".weight") and right.endswith(".weight")):
+                        ties.append((left[5:], right[5:]))
+        if ties:
+            self.ties[node.name.value] = ties
+
+    def _moved_model(self, expr) -> str | None:
+        """`model.to(...)`/`model.cuda()` or `GPT(cfg).to(...)`: the variable or class moved."""
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("to", "cuda"):
+            inner = expr.func.value
+            if isinstance(inner, cst.Name) and inner.value in self.models:
+                return inner.value
+            if isinstance(inner, cst.Call) and dotted(inner.func) in self.ties:
+                return dotted(inner.func)
+        return None
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine):
+        for small in node.body:
+            if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+                target = small.targets[0].target.value
+                value = small.value
+                if isinstance(value, cst.Call) and dotted(value.func) in self.ties:
+                    self.models[target] = dotted(value.func)
+                moved = self._moved_model(value)
+                if moved is not None:
+                    self.models[target] = self.models.get(moved, moved)
+                    self.pending[node] = target
+            elif isinstance(small, cst.Expr):
+                moved = self._moved_model(small.value)
+                if moved in self.models:
+                    self.pending[node] = moved
+
+    def leave_SimpleStatementLine(self, original, updated):
+        variable = self.pending.pop(original, None)
+        if variable is None:
+            return None
+        ties = self.ties[self.models[variable]]
+        lines = [
+            cst.parse_statement(f"{variable}.{a} = {variable}.{b}\n") for a, b in ties
+        ]
+        return self.fix_or_report(
+            original,
+            f"`{self.ctx.short(original)}` moves a model with tied weights ({', '.join(a for a, _ in ties)}); "
+            "on XLA the move creates new parameters and unties them: the tie is repeated after it",
+            lambda: cst.FlattenSentinel([updated, *lines]),
+        )
+
+
+def _init_statements(node: cst.ClassDef):
+    for stmt in node.body.body if isinstance(node.body, cst.IndentedBlock) else ():
+        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
+            body = stmt.body
+            if isinstance(body, cst.IndentedBlock):
+                yield from body.body

@@ -1,0 +1,87 @@
+"""Checkpoints: state dicts are saved with xm.save (to CPU, on the master only); loads map
+CUDA storage to the CPU."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from tpukit.migrate.context import is_cuda_device_string, terminal_name
+from tpukit.migrate.transforms.base import Transform, transform
+
+_DICT_ASSIGN = re.compile(r"(\w+)\s*=\s*\{")
+STATE_WORDS = ("state", "checkpoint", "ckpt", "snapshot")
+
+
+def _has_state_dict(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+        return expr.func.attr.value == "state_dict"
+    if isinstance(expr, cst.Dict):
+        return any(isinstance(e, cst.DictElement) and _has_state_dict(e.value) for e in expr.elements)
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "dict":
+        return any(_has_state_dict(a.value) for a in expr.args)
+    return False
+
+
+@transform("TPU304")
+class CheckpointSave(Transform):
+    def leave_Call(self, node: cst.Call, updated: cst.Call):
+        # A leave hook, so what the arguments hold is rewritten first (a GradScaler's state
+        # leaves the checkpoint dict before the dict is saved).
+        if self.ctx.qualify(node.func) != "torch.save" or not node.args:
+            return None
+        obj = node.args[0].value
+        extra = [a for a in node.args[2:]] + [a for a in node.args[:2] if a.keyword and a.keyword.value not in ("obj", "f")]
+        name = terminal_name(obj).lower()
+        dict_names = set(_DICT_ASSIGN.findall(self.ctx.source))
+        state = _has_state_dict(obj) or (
+            isinstance(obj, (cst.Name, cst.Attribute))
+            and (terminal_name(obj) in dict_names or any(w in name for w in STATE_WORDS))
+        )
+        if not state:
+            self.ctx.report(
+                self.rule, node,
+                f"`{self.ctx.short(node)}` pickles a whole object, XLA tensors included: save "
+                "`model.state_dict()` with `xm.save(...)` instead (moves tensors to the CPU, "
+                "writes on the master only)", applied=False, fix=None,
+            )
+            return None
+        if extra:
+            return None  # pickle options xm.save does not take: leave it to a person
+        return self.fix_or_report(
+            node,
+            f"`{self.ctx.short(node)}`: XLA tensors must be moved to the CPU and written once; "
+            "`xm.save` does both",
+            lambda: updated.with_changes(func=self.ctx.expr("xm.save")),
+        )
+
+
+@transform("TPU305")
+class LoadMapLocation(Transform):
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        if self.ctx.qualify(original.func) != "torch.load":
+            return None
+        for i, arg in enumerate(original.args):
+            keyword = arg.keyword.value if arg.keyword else None
+            if keyword != "map_location" and not (keyword is None and i == 1):
+                continue
+            value = arg.value
+            cuda = is_cuda_device_string(value) or isinstance(value, (cst.Dict, cst.Lambda)) or (
+                isinstance(value, cst.Call) and self.ctx.qualify(value.func) == "torch.device"
+                and value.args and is_cuda_device_string(value.args[0].value))
+            if not cuda:
+                return None
+
+            def build(i=i):
+                args = list(updated.args)
+                args[i] = args[i].with_changes(value=cst.SimpleString('"cpu"'))
+                return updated.with_changes(args=args)
+
+            return self.fix_or_report(
+                value,
+                f"`map_location={self.ctx.short(value)}` puts the checkpoint on a CUDA device; load "
+                'to the CPU (`map_location="cpu"`) and let `.to(device)`/`load_state_dict` move it',
+                build,
+            )
+        return None

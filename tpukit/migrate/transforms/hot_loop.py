@@ -1,0 +1,231 @@
+"""What makes a TPU step slow, reported at the line: host syncs in the training loop,
+data-dependent shapes, batches padded to their own length, and head dims the matrix units
+do not fit."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from tpukit.migrate.context import dotted, terminal_name
+from tpukit.migrate.transforms.base import Transform, transform
+from tpukit.migrate.transforms.loops import _StepFinder, loader_in_iter
+
+SYNC_METHODS = ("item", "tolist", "cpu", "numpy")
+TENSORISH = ("loss", "acc", "correct", "pred", "logit", "output", "out", "norm", "score")
+LOGGERS = ("print", "info", "debug", "warning", "log")
+
+
+def _tensorish(expr: cst.BaseExpression) -> bool:
+    name = terminal_name(expr).lower()
+    if isinstance(expr, cst.Subscript):
+        name = terminal_name(expr.value).lower()
+    return any(word in name for word in TENSORISH)
+
+
+@transform("TPU501")
+class HostSyncInLoop(Transform):
+    """Inside a training step, `.item()`, `.tolist()`, `.cpu()`, `.numpy()`, `float(t)`,
+    `int(t)`, `print(t)` and `if t:` each wait for the device and copy to the host."""
+
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.depth = 0
+        self.loops: list[bool] = []
+
+    def _training(self, node) -> bool:
+        if isinstance(node, cst.For) and loader_in_iter(self.ctx, node.iter):
+            return True
+        finder = _StepFinder(self.ctx)
+        node.body.visit(finder)
+        return bool(finder.step_lines)
+
+    def visit_For(self, node):
+        training = self._training(node)
+        self.loops.append(training)
+        self.depth += training
+
+    def visit_While(self, node):
+        self.visit_For(node)
+
+    def leave_For(self, original, updated):
+        self.depth -= self.loops.pop()
+        return None
+
+    def leave_While(self, original, updated):
+        return self.leave_For(original, updated)
+
+    def _report(self, node, what: str) -> None:
+        self.ctx.report(
+            self.rule, node,
+            f"`{self.ctx.short(node)}` {what} in the training loop: it waits for the device and "
+            "copies to the host every step; log less often, or defer it with "
+            "`xm.add_step_closure(...)`", applied=False)
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        if not self.depth:
+            return None
+        func = original.func
+        if isinstance(func, cst.Attribute) and func.attr.value in SYNC_METHODS and not original.args:
+            if not self.ctx.qualify(func.value):
+                self._report(original, "copies a tensor to the host")
+        elif isinstance(func, cst.Name) and func.value in ("float", "int") and len(original.args) == 1:
+            if _tensorish(original.args[0].value):
+                self._report(original, "reads a tensor's value")
+        elif isinstance(func, cst.Name) and func.value == "print":
+            if any(isinstance(a.value, (cst.Name, cst.Attribute)) and _tensorish(a.value) for a in original.args):
+                self._report(original, "prints a tensor")
+        return None
+
+    def leave_If(self, original: cst.If, updated: cst.If):
+        if self.depth and isinstance(original.test, (cst.Name, cst.Attribute)) and _tensorish(original.test):
+            self._report(original.test, "tests a tensor's truth value")
+        return None
+
+    def leave_Expr(self, original: cst.Expr, updated: cst.Expr):
+        # Unsafe fix for logging: print(...loss.item()...) -> xm.add_step_closure(lambda: print(...)).
+        call = original.value
+        if not (self.depth and self.ctx.unsafe_fixes and isinstance(call, cst.Call)):
+            return None
+        if terminal_name(call.func) not in LOGGERS or ".item()" not in self.ctx.code(call):
+            return None
+        closure = cst.Call(
+            func=self.ctx.expr("xm.add_step_closure"),
+            args=[cst.Arg(cst.Lambda(params=cst.Parameters(), body=updated.value))],
+        )
+        self.ctx.report(
+            self.rule, original,
+            f"`{self.ctx.short(original)}` logs a device value every step: deferred with "
+            "`xm.add_step_closure`, which runs it after the step's graph executed", applied=True)
+        return updated.with_changes(value=closure)
+
+
+@transform("TPU502")
+class DataDependentShape(Transform):
+    """Ops whose output shape depends on tensor values fall back to the CPU or recompile."""
+
+    FUNCTIONS = {
+        "torch.nonzero": "`torch.nonzero` has a data-dependent shape: use a mask with "
+        "`torch.where(mask, x, 0)` or a fixed-size `torch.topk`",
+        "torch.masked_select": "`torch.masked_select` has a data-dependent shape: multiply by the "
+        "mask (`x * mask`) or use `torch.where(mask, x, 0)` and reduce",
+        "torch.unique": "`torch.unique` has a data-dependent shape: precompute the vocabulary, or "
+        "use a fixed-size one-hot/bincount with `minlength`",
+    }
+    METHODS = {"nonzero": "torch.nonzero", "masked_select": "torch.masked_select", "unique": "torch.unique"}
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        name = self.ctx.qualify(original.func)
+        func = original.func
+        if name is None and isinstance(func, cst.Attribute) and func.attr.value in self.METHODS:
+            name = self.METHODS[func.attr.value]
+        if name in self.FUNCTIONS:
+            self.ctx.report(self.rule, original, self.FUNCTIONS[name], applied=False)
+        elif name == "torch.where" and len(original.args) == 1:
+            self.ctx.report(self.rule, original, "one-argument `torch.where(mask)` is `nonzero`: a "
+                            "data-dependent shape; use `torch.where(mask, x, 0)`", applied=False)
+        return None
+
+    def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript):
+        if len(original.slice) != 1 or not isinstance(original.slice[0].slice, cst.Index):
+            return None
+        index = original.slice[0].slice.value
+        boolean = isinstance(index, cst.Comparison) or (
+            isinstance(index, (cst.Name, cst.Attribute)) and "mask" in terminal_name(index).lower())
+        if boolean:
+            self.ctx.report(
+                self.rule, original,
+                f"`{self.ctx.short(original)}` indexes with a boolean mask: the result's shape "
+                "depends on the data (a CPU fallback or a recompile per count); keep the shape "
+                "fixed, e.g. `(x * mask).sum() / mask.sum()` or `ignore_index` in the loss",
+                applied=False)
+        return None
+
+
+@transform("TPU503")
+class DynamicPadding(Transform):
+    """Batches padded to their own longest sequence get a new shape, so a new compilation,
+    almost every step."""
+
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.functions: list[str] = []
+
+    def visit_FunctionDef(self, node):
+        self.functions.append(node.name.value)
+
+    def leave_FunctionDef(self, original, updated):
+        self.functions.pop()
+        return None
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        name = self.ctx.qualify(original.func) or dotted(original.func) or ""
+        padding = name.endswith("pad_sequence") or name.endswith("DataCollatorWithPadding")
+        if padding and (name.endswith("DataCollatorWithPadding") or any("collate" in f for f in self.functions)):
+            self.ctx.report(
+                self.rule, original,
+                f"`{self.ctx.short(original)}` pads each batch to its own longest sequence: every "
+                "new length is a new XLA graph. Pad to a few fixed lengths instead "
+                "(`tpukit.buckets`, or `padding=\"max_length\"`)", applied=False)
+        return None
+
+
+@transform("TPU504")
+class HeadDim(Transform):
+    """Attention head dims that do not fill the TPU's matrix units (128 wide on v5e and older,
+    256 on v6e)."""
+
+    NAMES = ("head_dim", "head_size", "d_head", "dim_head", "d_k")
+
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.constants: dict[str, int] = {}
+
+    def _remember(self, target, value) -> None:
+        if isinstance(value, cst.Integer):
+            self.constants[terminal_name(target)] = int(value.value)
+
+    def visit_Assign(self, node: cst.Assign):
+        for t in node.targets:
+            self._remember(t.target, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign):
+        if node.value is not None:
+            self._remember(node.target, node.value)
+
+    def visit_Param(self, node: cst.Param):
+        if node.default is not None:
+            self._remember(node.name, node.default)
+
+    def _value(self, expr) -> int | None:
+        if isinstance(expr, cst.Integer):
+            return int(expr.value)
+        return self.constants.get(terminal_name(expr))
+
+    def _advise(self, node, head_dim: int) -> None:
+        if head_dim % 128 == 0 or head_dim <= 0:
+            return
+        padded = -(-head_dim // 128) * 128
+        self.ctx.report(
+            self.rule, node,
+            f"attention head_dim {head_dim} does not fill the TPU matrix units (128 wide on "
+            f"v5e and older, 256 on v6e): {head_dim}/{padded} of each pass is used; consider "
+            f"head_dim {padded} (fewer heads) or padding q/k/v to {padded}", applied=False,
+            head_dim=head_dim)
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
+        names = [terminal_name(t.target) for t in original.targets]
+        if any(n in self.NAMES for n in names) and isinstance(original.value, cst.Integer):
+            self._advise(original.value, int(original.value.value))
+        return None
+
+    def leave_BinaryOperation(self, original: cst.BinaryOperation, updated):
+        if not isinstance(original.operator, (cst.FloorDivide, cst.Divide)):
+            return None
+        left, right = terminal_name(original.left), terminal_name(original.right)
+        if not (("embd" in left or "hidden" in left or "d_model" in left or left == "dim")
+                and "head" in right):
+            return None
+        a, b = self._value(original.left), self._value(original.right)
+        if a and b and a % b == 0:
+            self._advise(original, a // b)
+        return None

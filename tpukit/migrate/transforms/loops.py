@@ -1,0 +1,278 @@
+"""Training and eval loops: MpDeviceLoader for DataLoader loops, a step barrier for manual
+batching, and what would recompile or sync in the hot loop.
+
+XLA traces a step lazily and runs it when the graph is cut. MpDeviceLoader cuts it once per
+batch (and overlaps the host-to-device copy); a loop that batches by hand must call
+`torch_xla.sync()` once per step itself, or the graph grows across steps.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from tpukit.migrate.context import dotted, terminal_name
+from tpukit.migrate.transforms.base import Transform, transform
+
+DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+BARRIERS = {"torch_xla.sync", "torch_xla.core.xla_model.mark_step", "torch_xla.step",
+            "torch_xla.core.xla_model.optimizer_step"}
+ITER_WRAPPERS = {"enumerate", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "iter"}
+_LOADER_ASSIGN = re.compile(r"(\w+)\s*=\s*(?:[\w.]*\.)?DataLoader\s*\(")
+NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
+
+
+def loader_names(ctx) -> set[str]:
+    cached = getattr(ctx, "_loader_names", None)
+    if cached is None:
+        cached = ctx._loader_names = set(_LOADER_ASSIGN.findall(ctx.source))
+    return cached
+
+
+def is_device_loader(expr: cst.BaseExpression) -> bool:
+    """Already `pl.MpDeviceLoader(...)` (migrated code, or a hand port)."""
+    return isinstance(expr, cst.Call) and (dotted(expr.func) or "").endswith("MpDeviceLoader")
+
+
+def is_loader(ctx, expr: cst.BaseExpression) -> bool:
+    if is_device_loader(expr):
+        return True
+    name = terminal_name(expr)
+    return bool(name) and (name in loader_names(ctx) or name.lower().endswith("loader"))
+
+
+def loader_in_iter(ctx, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, list] | None:
+    """The loader a `for` iterates, through enumerate()/tqdm(): (loader, path of calls)."""
+    path = []
+    while isinstance(expr, cst.Call) and dotted(expr.func) in ITER_WRAPPERS and expr.args:
+        path.append(expr)
+        expr = expr.args[0].value
+    return (expr, path) if is_loader(ctx, expr) else None
+
+
+def is_optimizer_step(ctx, call: cst.BaseExpression) -> bool:
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)):
+        return False
+    if call.func.attr.value != "step":
+        return False
+    receiver = terminal_name(call.func.value).lower()
+    if "sched" in receiver:
+        return False
+    if "scaler" in receiver:  # scaler.step(optimizer): an optimizer step too
+        return True
+    return "opt" in receiver
+
+
+class _StepFinder(cst.CSTVisitor):
+    """Statements of one loop body (not nested loops or functions) that step an optimizer,
+    and whether the body already has a graph barrier."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.step_lines: list[cst.SimpleStatementLine] = []
+        self.has_barrier = False
+        self.calls_batch = False
+        self._line: cst.SimpleStatementLine | None = None
+
+    def visit_For(self, node) -> bool:
+        return False
+
+    def visit_While(self, node) -> bool:
+        return False
+
+    def visit_FunctionDef(self, node) -> bool:
+        return False
+
+    def visit_SimpleStatementLine(self, node) -> None:
+        self._line = node
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = self.ctx.qualify(node.func)
+        if name in BARRIERS or dotted(node.func) in ("torch_xla.sync", "xm.mark_step"):
+            self.has_barrier = True
+        if is_optimizer_step(self.ctx, node) and self._line is not None:
+            if not self.step_lines or self.step_lines[-1] is not self._line:
+                self.step_lines.append(self._line)
+        if "batch" in terminal_name(node.func).lower():
+            self.calls_batch = True
+
+
+@transform("TPU301")
+class DeviceLoader(Transform):
+    """A DataLoader that a loop iterates is wrapped in MpDeviceLoader; pin_memory dropped."""
+
+    def leave_For(self, original: cst.For, updated: cst.For):
+        found = loader_in_iter(self.ctx, original.iter)
+        if found is None:
+            return None
+        loader, path = found
+        if is_device_loader(loader):
+            return None
+        device = self.ctx.device_expr()
+
+        def build():
+            wrapped = cst.Call(
+                func=self.ctx.expr("pl.MpDeviceLoader"),
+                args=[cst.Arg(loader, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                      cst.Arg(device)],
+            )
+            return updated.with_changes(iter=_replace_innermost(updated.iter, len(path), wrapped))
+
+        return self.fix_or_report(
+            original.iter,
+            f"`{self.ctx.short(loader)}` feeds the loop from the host; wrap it in "
+            "`pl.MpDeviceLoader(loader, device)` (overlaps the copy to the device and cuts the "
+            "graph once per batch)",
+            build,
+        )
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        name = self.ctx.qualify(original.func)
+        if name in DATALOADERS:
+            pin = next((a for a in original.args if a.keyword and a.keyword.value == "pin_memory"), None)
+            if pin is None:
+                return None
+            def build():
+                args = [a for a, o in zip(updated.args, original.args) if o is not pin]
+                if args and original.args[-1] is pin:
+                    args[-1] = args[-1].with_changes(comma=updated.args[-1].comma)
+                return updated.with_changes(args=args)
+            return self.fix_or_report(
+                pin, "`pin_memory` pins host memory for CUDA copies; MpDeviceLoader does the "
+                "transfer on TPU: dropped", build)
+        func = original.func
+        if (isinstance(func, cst.Attribute) and func.attr.value == "pin_memory"
+                and not original.args and not self.ctx.qualify(func.value)):
+            return self.fix_or_report(
+                original, f"`{self.ctx.short(original)}`: pinned memory is a CUDA copy aid; dropped",
+                lambda: updated.func.value,
+            )
+        return None
+
+
+def _replace_innermost(expr, depth: int, replacement):
+    if depth == 0:
+        return replacement
+    first = expr.args[0]
+    inner = _replace_innermost(first.value, depth - 1, replacement)
+    return expr.with_changes(args=[first.with_changes(value=inner), *expr.args[1:]])
+
+
+@transform("TPU302")
+class RaggedLastBatch(Transform):
+    """A DataLoader without drop_last=True ends each epoch with a smaller batch: a new shape,
+    so a new XLA compilation (and another at every epoch's end on eval)."""
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        if self.ctx.qualify(original.func) not in DATALOADERS:
+            return None
+        drop = next((a for a in original.args if a.keyword and a.keyword.value == "drop_last"), None)
+        if drop is not None:
+            return None
+
+        def build():
+            args = list(updated.args)
+            if args:
+                args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            return updated.with_changes(args=[*args, cst.Arg(
+                cst.Name("True"), keyword=cst.Name("drop_last"),
+                equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                      whitespace_after=cst.SimpleWhitespace("")))])
+
+        return self.fix_or_report(
+            original,
+            "DataLoader without `drop_last=True`: a ragged last batch has a new shape and "
+            "recompiles the step; pass `drop_last=True` (or pad it to the batch size)",
+            build,
+        )
+
+
+@transform("TPU303")
+class StepBarrier(Transform):
+    """Loops that batch by hand get `torch_xla.sync()` once per step, after the optimizer step
+    (eval loops: once per batch). Never a second barrier where one exists."""
+
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.after: dict[cst.CSTNode, cst.CSTNode] = {}  # step line -> loop it belongs to
+        self.at_end: set[cst.CSTNode] = set()  # eval loops: sync as last statement
+        self.no_grad_depth = 0
+
+    def _no_grad_decorated(self, node: cst.FunctionDef) -> bool:
+        for d in node.decorators:
+            expr = d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator
+            if self.ctx.qualify(expr) in NO_GRAD:
+                return True
+        return False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef):
+        if self._no_grad_decorated(node):
+            self.no_grad_depth += 1
+
+    def leave_FunctionDef(self, original, updated):
+        if self._no_grad_decorated(original):
+            self.no_grad_depth -= 1
+        return None
+
+    def visit_With(self, node: cst.With):
+        if any(isinstance(i.item, cst.Call) and self.ctx.qualify(i.item.func) in NO_GRAD for i in node.items):
+            self.no_grad_depth += 1
+
+    def leave_With(self, original, updated):
+        if any(isinstance(i.item, cst.Call) and self.ctx.qualify(i.item.func) in NO_GRAD for i in original.items):
+            self.no_grad_depth -= 1
+        return None
+
+    def _loop(self, node) -> None:
+        if isinstance(node, cst.For) and loader_in_iter(self.ctx, node.iter):
+            return  # MpDeviceLoader cuts the graph once per batch
+        finder = _StepFinder(self.ctx)
+        node.body.visit(finder)
+        if finder.has_barrier:
+            return
+        if finder.step_lines:
+            self.after[finder.step_lines[-1]] = node  # after the last step: one barrier a step
+        elif self.no_grad_depth and finder.calls_batch:
+            self.at_end.add(node)
+
+    def visit_For(self, node):
+        self._loop(node)
+
+    def visit_While(self, node):
+        self._loop(node)
+
+    def _sync_line(self) -> cst.SimpleStatementLine:
+        return cst.SimpleStatementLine([cst.Expr(self.ctx.expr("torch_xla.sync()"))])
+
+    def leave_SimpleStatementLine(self, original, updated):
+        if original not in self.after:
+            return None
+        self.after.pop(original)
+        result = self.fix_or_report(
+            original,
+            "a training step without a graph barrier: XLA would trace across steps; "
+            "`torch_xla.sync()` added after the optimizer step",
+            lambda: cst.FlattenSentinel([updated, self._sync_line()]),
+        )
+        return result
+
+    def _end(self, original, updated):
+        if original not in self.at_end:
+            return None
+        self.at_end.discard(original)
+        body = updated.body
+        if not isinstance(body, cst.IndentedBlock):
+            return None
+        return self.fix_or_report(
+            original.body,
+            "an eval loop over hand-made batches without a graph barrier: "
+            "`torch_xla.sync()` added once per batch",
+            lambda: updated.with_changes(body=body.with_changes(body=[*body.body, self._sync_line()])),
+        )
+
+    def leave_For(self, original, updated):
+        return self._end(original, updated)
+
+    def leave_While(self, original, updated):
+        return self._end(original, updated)
