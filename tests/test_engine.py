@@ -385,3 +385,38 @@ def test_pruning_changes_no_result_on_real_torch_sources(monkeypatch):
     monkeypatch.setattr(engine.Layout, "__init__", no_pruning)
     assert findings() == pruned
     assert sum(map(len, pruned)) > 50
+
+
+# -- unsafe fixes ------------------------------------------------------------------------
+UNSAFE = MigrateOptions(rules=select_rules([], []), unsafe_fixes=True)
+
+
+def test_unsafe_fixes_apply_only_when_asked():
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "model = build().half()\nloader = DataLoader(ds, batch_size=8)\n"
+        "for x, y in loader:\n    loss = model(x, y)\n    loss.backward()\n    optimizer.step()\n"
+        "    print(f'loss {loss.item():.3f}')\n"
+        "dev = torch.device('cuda')\n"
+    )
+    safe = migrate_source(source, "t.py", ALL)
+    assert ".half()" in safe.new_source and "drop_last" not in safe.new_source
+    assert {f.code for f in safe.findings if not f.applied} >= {"TPU202", "TPU302", "TPU501"}
+    unsafe = migrate_source(source, "t.py", UNSAFE).new_source
+    assert "model = build().bfloat16()" in unsafe
+    assert "DataLoader(ds, batch_size=8, drop_last=True)" in unsafe
+    assert "    xm.add_step_closure(lambda: print(f'loss {loss.item():.3f}'))" in unsafe
+    compile(unsafe, "t.py", "exec")
+    assert migrate_source(unsafe, "t.py", UNSAFE).new_source == unsafe
+
+
+def test_tied_weights_are_retied_after_a_chained_move():
+    source = (
+        "import torch\nimport torch.nn as nn\n\n\nclass LM(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.emb = nn.Embedding(10, 4)\n        self.head = nn.Linear(4, 10)\n"
+        "        self.emb.weight = self.head.weight\n\n\n"
+        "device = torch.device('cuda')\nlm = LM().to(device)\n"
+    )
+    result = out(source)
+    assert result.endswith("lm = LM().to(device)\nlm.emb.weight = lm.head.weight\n")

@@ -35,7 +35,11 @@ def fixture_config(name: str) -> dict:
 
 
 NAMES = sorted(p.parent.name for p in FIXTURES.glob("*/cuda.py"))
-RUNNABLE = [n for n in NAMES if fixture_config(n)["runs_on_xla"]]
+# Fixtures with a hand-written reference port are run (and compared) by test_ports.py.
+RUNNABLE = [
+    n for n in NAMES
+    if fixture_config(n)["runs_on_xla"] and not (FIXTURES / n / "reference_xla.py").exists()
+]
 
 
 def test_every_fixture_says_whether_it_runs_and_why_not():

@@ -292,6 +292,8 @@ class TiedWeights(Transform):
             body = source[match.end(): source.find("\nclass ", match.end()) % (len(source) + 1)]
             if _TIE.search(body):
                 names.add(match.group(1))
+        for name in list(names):  # and the variables that hold instances: `model.to(device)`
+            names.update(re.findall(rf"(\w+)\s*=\s*{name}\s*\(", source))
         return names
 
     def __init__(self, rule, ctx) -> None:

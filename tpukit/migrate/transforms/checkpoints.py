@@ -67,7 +67,11 @@ class LoadMapLocation(Transform):
             if keyword != "map_location" and not (keyword is None and i == 1):
                 continue
             value = arg.value
-            cuda = is_cuda_device_string(value) or isinstance(value, (cst.Dict, cst.Lambda)) or (
+            if isinstance(value, cst.IfExp) and is_cuda_device_string(value.body):
+                value_is_cuda = True  # "cuda" if use_cuda else "cpu": the CPU is right for both
+            else:
+                value_is_cuda = False
+            cuda = value_is_cuda or is_cuda_device_string(value) or isinstance(value, (cst.Dict, cst.Lambda)) or (
                 isinstance(value, cst.Call) and self.ctx.qualify(value.func) == "torch.device"
                 and value.args and is_cuda_device_string(value.args[0].value))
             if not cuda:

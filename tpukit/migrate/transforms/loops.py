@@ -21,6 +21,7 @@ BARRIERS = {"torch_xla.sync", "torch_xla.core.xla_model.mark_step", "torch_xla.s
 ITER_WRAPPERS = {"enumerate", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "iter"}
 _LOADER_ASSIGN = re.compile(r"(\w+)\s*=\s*(?:[\w.]*\.)?DataLoader\s*\(")
 NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
+HOST_READS = ("item", "tolist", "cpu", "numpy")
 
 
 def loader_names(ctx) -> set[str]:
@@ -73,6 +74,7 @@ class _StepFinder(cst.CSTVisitor):
         self.step_lines: list[cst.SimpleStatementLine] = []
         self.has_barrier = False
         self.calls_batch = False
+        self.first_host_read: cst.SimpleStatementLine | None = None  # `.item()` and friends
         self._line: cst.SimpleStatementLine | None = None
 
     def visit_For(self, node) -> bool:
@@ -96,6 +98,9 @@ class _StepFinder(cst.CSTVisitor):
                 self.step_lines.append(self._line)
         if "batch" in terminal_name(node.func).lower():
             self.calls_batch = True
+        if (isinstance(node.func, cst.Attribute) and node.func.attr.value in HOST_READS
+                and self.first_host_read is None and self._line is not None):
+            self.first_host_read = self._line
 
 
 @transform("TPU301")
@@ -197,6 +202,7 @@ class StepBarrier(Transform):
         super().__init__(rule, ctx)
         self.after: dict[cst.CSTNode, cst.CSTNode] = {}  # step line -> loop it belongs to
         self.at_end: set[cst.CSTNode] = set()  # eval loops: sync as last statement
+        self.before: dict[cst.CSTNode, cst.CSTNode] = {}  # eval loops: sync before this line
         self.no_grad_depth = 0
 
     def _no_grad_decorated(self, node: cst.FunctionDef) -> bool:
@@ -234,7 +240,13 @@ class StepBarrier(Transform):
         if finder.step_lines:
             self.after[finder.step_lines[-1]] = node  # after the last step: one barrier a step
         elif self.no_grad_depth and finder.calls_batch:
-            self.at_end.add(node)
+            body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
+            if finder.first_host_read is not None and finder.first_host_read in body:
+                # Cut the graph before the first host read: one execution for the batch,
+                # not a small one for `.item()` and another for the rest.
+                self.before[finder.first_host_read] = node
+            else:
+                self.at_end.add(node)
 
     def visit_For(self, node):
         self._loop(node)
@@ -246,6 +258,17 @@ class StepBarrier(Transform):
         return cst.SimpleStatementLine([cst.Expr(self.ctx.expr("torch_xla.sync()"))])
 
     def leave_SimpleStatementLine(self, original, updated):
+        if original in self.before:
+            self.before.pop(original)
+            return self.fix_or_report(
+                original,
+                "an eval loop over hand-made batches without a graph barrier: "
+                "`torch_xla.sync()` added once per batch, before the first host read",
+                lambda: cst.FlattenSentinel([
+                    self._sync_line().with_changes(leading_lines=updated.leading_lines),
+                    updated.with_changes(leading_lines=()),
+                ]),
+            )
         if original not in self.after:
             return None
         self.after.pop(original)
