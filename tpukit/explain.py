@@ -68,7 +68,8 @@ def explain(rule: Rule, con: Console) -> None:
     header = Text()
     header.append(f"{rule.code} {rule.name}", style="bold")
     header.append(f"  severity={rule.severity.value} fix={rule.fix.value}")
-    parts: list = [header, Text(rule.summary, style="italic"), Text(""), Text(rule.why)]
+    why = "\n\n".join(" ".join(p.split()) for p in rule.why.split("\n\n"))  # reflow lines
+    parts: list = [header, Text(rule.summary, style="italic"), Text(""), Text(why)]
     if not rule.checks_code:
         parts += [Text(""), Text(f"Checked by `tpukit doctor`. Fix: {rule.message}")]
     else:

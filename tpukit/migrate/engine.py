@@ -338,10 +338,17 @@ def _join(body: list[cst.BaseSmallStatement]) -> list[cst.BaseSmallStatement]:
 
 # -- imports ----------------------------------------------------------------------------
 def _fix_imports(module: cst.Module, ctx: MigrationContext) -> cst.Module:
-    needed = set(ctx.imports_needed)
-    for helper in ctx.helpers_needed:
+    wanted = set(ctx.imports_needed)
+    uses = _NameUses()
+    module.visit(uses)
+    module = module.visit(_RemoveUnused(uses))
+    # Only what the final code uses: a rewrite inside a node that an outer rewrite then
+    # replaced whole (a "cuda" -> "xla" inside a map_location that became "cpu") needs nothing.
+    needed = {alias for alias in wanted if uses.names.get(alias)}
+    if "torch_xla" in wanted and uses.xla_strings:
+        needed.add("torch_xla")  # 'xla' device strings work once torch_xla is imported
+    for helper in ctx.helpers_needed:  # inserted after this, so not counted above
         needed.update(helpers.IMPORTS_OF[helper])
-    module = _remove_orphaned_imports(module)
     if not needed:
         return module
     context = CodemodContext()
@@ -357,6 +364,11 @@ class _NameUses(cst.CSTVisitor):
     def __init__(self) -> None:
         self.names: dict[str, int] = {}
         self.dotted: dict[str, int] = {}
+        self.xla_strings = False
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        if not self.xla_strings and len(node.value) <= 8 and "xla" in node.value:
+            self.xla_strings = node.evaluated_value == "xla"
 
     def visit_Import(self, node) -> bool:
         return False
@@ -423,7 +435,3 @@ def _rebuild_import(node, kept):
     return node.with_changes(names=kept)
 
 
-def _remove_orphaned_imports(module: cst.Module) -> cst.Module:
-    uses = _NameUses()
-    module.visit(uses)
-    return module.visit(_RemoveUnused(uses))

@@ -346,7 +346,13 @@ class TiedWeights(Transform):
         variable = self.pending.pop(original, None)
         if variable is None:
             return None
-        ties = self.ties[self.models[variable]]
+        ties = [
+            (a, b) for a, b in self.ties[self.models[variable]]
+            if not re.search(rf"^\s*{variable}\.{re.escape(a)}\s*=\s*{variable}\.{re.escape(b)}\b",
+                             self.ctx.source, re.M)  # tied again already (migrated, hand port)
+        ]
+        if not ties:
+            return None
         lines = [
             cst.parse_statement(f"{variable}.{a} = {variable}.{b}\n") for a, b in ties
         ]
