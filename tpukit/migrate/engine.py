@@ -8,6 +8,7 @@ left unused are removed; everything outside changed nodes stays byte-identical.
 from __future__ import annotations
 
 import ast
+import warnings
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -102,19 +103,25 @@ class MigrationBug(Exception):
     """tpukit produced code that does not compile: the file is left as it was."""
 
 
-def _check_still_python(source: str, new_source: str, path: str) -> None:
-    flags = ast.PyCF_ONLY_AST
-    try:
-        compile(new_source, path, "exec", flags=flags, dont_inherit=True)
-    except SyntaxError as exc:
+def compiles(source: str, path: str) -> SyntaxError | None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the user's own SyntaxWarnings are not ours to print
         try:
-            compile(source, path, "exec", flags=flags, dont_inherit=True)
-        except SyntaxError:
+            compile(source, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+        except SyntaxError as exc:
+            return exc
+    return None
+
+
+def _check_still_python(source: str, new_source: str, path: str) -> None:
+    exc = compiles(new_source, path)
+    if exc is not None:
+        if compiles(source, path) is not None:
             return  # newer syntax than this interpreter reads; libcst parsed it, so keep going
         raise MigrationBug(
             f"the rewrite would not compile (line {exc.lineno}: {exc.msg}); file left unchanged, "
             "please report this"
-        ) from exc
+        )
 
 
 def _positions(module: cst.Module, layout: Layout, reports) -> dict:

@@ -6,7 +6,6 @@ one error line and stays untouched; the other files are still done.
 
 from __future__ import annotations
 
-import ast
 import difflib
 import fnmatch
 import os
@@ -21,7 +20,7 @@ from typing import Iterator
 import libcst as cst
 
 from tpukit.findings import FileError, Finding
-from tpukit.migrate.engine import MigrateOptions, MigrationBug, migrate_source
+from tpukit.migrate.engine import MigrateOptions, MigrationBug, compiles, migrate_source
 from tpukit.rules import load_rules
 
 SKIP_DIRS = {".venv", "venv", "__pycache__", "node_modules", "site-packages", ".tox", ".git"}
@@ -137,9 +136,8 @@ def read_source(path: Path, display: str) -> tuple[str, str] | FileError:
 def _syntax_error(display: str, source: str, exc: cst.ParserSyntaxError) -> FileError:
     """Python's own message and position when it agrees the file is invalid (libcst's
     position can trail the real error); libcst's otherwise."""
-    try:
-        compile(source, display, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
-    except SyntaxError as py_exc:
+    py_exc = compiles(source, display)
+    if py_exc is not None:
         return FileError(display, f"syntax error: {py_exc.msg}", py_exc.lineno or 1, py_exc.offset or 1)
     message = " ".join(exc.message.split())
     return FileError(display, f"syntax error: {message}", exc.raw_line, exc.raw_column + 1)
