@@ -23,9 +23,9 @@ demo: $(STAMP)
 	rm -rf demo && mkdir -p demo
 	cp fixtures/nanogpt_lite/cuda.py demo/train.py
 	@echo "== tpukit migrate --diff demo/train.py"
-	-$(BIN)/tpukit migrate --diff demo/train.py
+	$(BIN)/tpukit migrate --diff --exit-zero demo/train.py
 	@echo "== tpukit migrate demo/train.py"
-	-$(BIN)/tpukit migrate demo/train.py
+	$(BIN)/tpukit migrate --exit-zero demo/train.py
 	@echo "== PJRT_DEVICE=CPU python demo/train.py --steps 6   (XLA:CPU; a TPU VM runs it as is)"
 	cd demo && PJRT_DEVICE=CPU ../$(BIN)/python train.py --steps 6
 
