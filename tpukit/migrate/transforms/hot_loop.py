@@ -8,7 +8,7 @@ import libcst as cst
 
 from tpukit.migrate.context import dotted, terminal_name
 from tpukit.migrate.transforms.base import Transform, transform
-from tpukit.migrate.transforms.loops import _StepFinder, loader_in_iter
+from tpukit.migrate.transforms.loops import find_steps, loader_in_iter
 
 SYNC_METHODS = ("item", "tolist", "cpu", "numpy")
 TENSORISH = ("loss", "acc", "correct", "pred", "logit", "output", "out", "norm", "score")
@@ -35,9 +35,7 @@ class HostSyncInLoop(Transform):
     def _training(self, node) -> bool:
         if isinstance(node, cst.For) and loader_in_iter(self.ctx, node.iter):
             return True
-        finder = _StepFinder(self.ctx)
-        node.body.visit(finder)
-        return bool(finder.step_lines)
+        return bool(find_steps(self.ctx, node).step_lines)
 
     def visit_For(self, node):
         training = self._training(node)

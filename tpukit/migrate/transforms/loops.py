@@ -103,6 +103,16 @@ class _StepFinder(cst.CSTVisitor):
             self.first_host_read = self._line
 
 
+def find_steps(ctx, loop: cst.For | cst.While) -> _StepFinder:
+    """The optimizer steps and barriers of a loop body, computed once per loop for all rules."""
+    cache = ctx.__dict__.setdefault("_step_finders", {})
+    finder = cache.get(id(loop))
+    if finder is None:
+        finder = cache[id(loop)] = _StepFinder(ctx)
+        loop.body.visit(finder)
+    return finder
+
+
 @transform("TPU301")
 class DeviceLoader(Transform):
     """A DataLoader that a loop iterates is wrapped in MpDeviceLoader; pin_memory dropped."""
@@ -233,8 +243,7 @@ class StepBarrier(Transform):
     def _loop(self, node) -> None:
         if isinstance(node, cst.For) and loader_in_iter(self.ctx, node.iter):
             return  # MpDeviceLoader cuts the graph once per batch
-        finder = _StepFinder(self.ctx)
-        node.body.visit(finder)
+        finder = find_steps(self.ctx, node)
         if finder.has_barrier:
             return
         if finder.step_lines:
