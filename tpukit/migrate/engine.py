@@ -48,12 +48,9 @@ class MigrateOptions:
 @dataclass
 class Migration:
     source: str
-    new_source: str
+    new_source: str  # equals `source` in check mode, where the new text is not rendered
     findings: list[Finding] = field(default_factory=list)
-
-    @property
-    def changed(self) -> bool:
-        return self.new_source != self.source
+    changed: bool = False
 
 
 load_transforms()
@@ -89,14 +86,13 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
     changed = any(r.applied for r in ctx.reports)
     if not changed:
         return Migration(source, source, findings)
-    if options.render_source:
-        new_module = _fix_imports(new_module, ctx)
-        new_module = helpers.insert(new_module, ctx.helpers_needed)
-        new_source = new_module.code
-        _check_still_python(source, new_source, path)
-    else:
-        new_source = source + "\n# changed"  # only "different" matters in check mode
-    return Migration(source, new_source, findings)
+    if not options.render_source:
+        return Migration(source, source, findings, changed=True)
+    new_module = _fix_imports(new_module, ctx)
+    new_module = helpers.insert(new_module, ctx.helpers_needed)
+    new_source = new_module.code
+    _check_still_python(source, new_source, path)
+    return Migration(source, new_source, findings, changed=new_source != source)
 
 
 class MigrationBug(Exception):
