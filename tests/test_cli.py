@@ -250,3 +250,20 @@ def test_fixture_tree_in_one_run(tmp_path, run_cli):
     report = json.loads(proc.stdout)
     assert proc.returncode == 1 and report["summary"]["errors"] == 0
     assert report["summary"]["files"] == len(list(FIXTURES.rglob("*.py")))
+
+
+def test_progress_bar_on_a_terminal_only(tmp_path):
+    import shutil
+
+    if shutil.which("script") is None:
+        pytest.skip("util-linux `script` (a pseudo-terminal) is not installed")
+    from conftest import tpukit_executable
+
+    for i in range(25):
+        (tmp_path / f"m{i:02d}.py").write_text(CUDA_SCRIPT)
+    command = f"{tpukit_executable()} migrate --check -j 1 ."
+    on_tty = subprocess.run(["script", "-qec", command, "/dev/null"], cwd=tmp_path,
+                            capture_output=True, text=True, env={**os.environ, "TERM": "xterm"})
+    assert "migrating" in on_tty.stdout  # rich's progress line, drawn on the terminal
+    piped = subprocess.run(command.split(), cwd=tmp_path, capture_output=True, text=True)
+    assert "migrating" not in piped.stdout + piped.stderr
