@@ -175,6 +175,7 @@ class MigrationContext:
         self.fstring_quotes: list[str] = []  # quotes of the f-strings around the current node
         self.functions: list[cst.FunctionDef | cst.Lambda] = []  # enclosing functions
         self._locals: dict[int, set[str]] = {}  # id(function) -> names it binds
+        self._memo: dict = {}
         # Names bound to the script's device, innermost scope last.
         self.device_scopes: list[set[str]] = [set()]
 
@@ -279,6 +280,12 @@ class MigrationContext:
 
     def need_import(self, alias: str) -> None:
         self.imports_needed.add(alias)
+
+    def memo(self, key, compute):
+        """`compute()` once per file, shared by every rule that asks under `key`."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def torch_name(self) -> str:
         """The name this file uses for torch (`torch`, or `th` after `import torch as th`)."""

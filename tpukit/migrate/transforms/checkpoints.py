@@ -34,7 +34,7 @@ class CheckpointSave(Transform):
         obj = node.args[0].value
         extra = [a for a in node.args[2:]] + [a for a in node.args[:2] if a.keyword and a.keyword.value not in ("obj", "f")]
         name = terminal_name(obj).lower()
-        dict_names = set(_DICT_ASSIGN.findall(self.ctx.source))
+        dict_names = self.ctx.memo("dict_names", lambda: set(_DICT_ASSIGN.findall(self.ctx.source)))
         state = _has_state_dict(obj) or (
             isinstance(obj, (cst.Name, cst.Attribute))
             and (terminal_name(obj) in dict_names or any(w in name for w in STATE_WORDS))

@@ -25,10 +25,7 @@ HOST_READS = ("item", "tolist", "cpu", "numpy")
 
 
 def loader_names(ctx) -> set[str]:
-    cached = getattr(ctx, "_loader_names", None)
-    if cached is None:
-        cached = ctx._loader_names = set(_LOADER_ASSIGN.findall(ctx.source))
-    return cached
+    return ctx.memo("loader_names", lambda: set(_LOADER_ASSIGN.findall(ctx.source)))
 
 
 def is_device_loader(expr: cst.BaseExpression) -> bool:
@@ -105,12 +102,12 @@ class _StepFinder(cst.CSTVisitor):
 
 def find_steps(ctx, loop: cst.For | cst.While) -> _StepFinder:
     """The optimizer steps and barriers of a loop body, computed once per loop for all rules."""
-    cache = ctx.__dict__.setdefault("_step_finders", {})
-    finder = cache.get(id(loop))
-    if finder is None:
-        finder = cache[id(loop)] = _StepFinder(ctx)
+    def scan() -> _StepFinder:
+        finder = _StepFinder(ctx)
         loop.body.visit(finder)
-    return finder
+        return finder
+
+    return ctx.memo(("steps", id(loop)), scan)
 
 
 @transform("TPU301")
