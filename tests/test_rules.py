@@ -33,9 +33,13 @@ def test_rule_has_code_behind_it_and_docs(rule):
         assert transform_for(rule) is not None, f"{rule.code} has no transform registered"
         assert rule.triggers, "a rule needs prefilter triggers"
         assert rule.examples
-    else:  # an environment check of `tpukit doctor`
+    elif rule.extra["engine"] == "doctor":  # an environment check of `tpukit doctor`
         checks = (rules_dir().parent / "tpukit" / "doctor" / "checks.py").read_text()
         assert f'finding("{rule.code}"' in checks
+    else:  # a finding of `tpukit run`
+        assert rule.extra["engine"] == "runner"
+        sources = "".join(p.read_text() for p in (rules_dir().parent / "tpukit" / "run").glob("*.py"))
+        assert f'"{rule.code}"' in sources
 
 
 def test_migrate_runs_only_code_rules():

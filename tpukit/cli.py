@@ -162,6 +162,55 @@ def doctor(
     raise typer.Exit(code)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                "allow_interspersed_args": False})
+def run(
+    ctx: typer.Context,
+    script: Optional[str] = typer.Argument(None, help="The script; what follows is its argv."),
+    module: Optional[str] = typer.Option(None, "-m", help="Run a module, like `python -m`."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1,
+                                            help="End the script cleanly after N steps."),
+    warmup: int = typer.Option(2, "--warmup", min=0,
+                               help="Steps left out of steady-state figures and recompile findings."),
+    fmt: Format = typer.Option(Format.TEXT, "--format", help="Report format."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the JSON report here."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                          help="Write the --format report here, not to stdout."),
+    fail_on: Optional[List[str]] = typer.Option(
+        None, "--fail-on", help="Exit 1 if any of these occur: recompile,fallback,sync."),
+    no_cuda_check: bool = typer.Option(False, "--no-cuda-check",
+                                       help="Skip the check for CUDA idioms left in the script."),
+) -> None:
+    """Run a script on the TPU (XLA:CPU without one) and explain its recompiles, CPU fallbacks
+    and host syncs, step by step."""
+    from tpukit.run.analysis import FAIL_ON
+    from tpukit.run.command import RunRequest, UsageError, run_command
+
+    args = list(ctx.args)
+    if module is None and script is None:
+        fail("give a SCRIPT or -m MODULE")
+    if module is not None and script is not None:
+        args.insert(0, script)  # with -m every positional belongs to the module
+        script = None
+    if args and args[0] == "--":
+        args.pop(0)
+    if output is not None and fmt is Format.TEXT:
+        fail("-o/--output writes the --format json, sarif or github report; the text report "
+             "goes to stderr")
+    kinds = [k.strip() for v in fail_on or [] for k in v.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in FAIL_ON]
+    if unknown:
+        fail(f"--fail-on takes {','.join(FAIL_ON)}; not {', '.join(unknown)}")
+    request = RunRequest(script=script, module=module, args=args, max_steps=max_steps,
+                         warmup=warmup, fmt=fmt, json_path=json_path, output=output,
+                         fail_on=kinds, check_cuda=not no_cuda_check)
+    try:
+        code = run_command(request)
+    except UsageError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
 def main() -> None:
     try:
         app()

@@ -71,7 +71,16 @@ def explain(rule: Rule, con: Console) -> None:
     why = "\n\n".join(" ".join(p.split()) for p in rule.why.split("\n\n"))  # reflow lines
     parts: list = [header, Text(rule.summary, style="italic"), Text(""), Text(why)]
     if not rule.checks_code:
-        parts += [Text(""), Text(f"Checked by `tpukit doctor`. Fix: {rule.message}")]
+        by = "tpukit doctor" if rule.extra.get("engine") == "doctor" else "tpukit run"
+        parts += [Text(""), Text(f"Reported by `{by}`. Fix: {rule.message}")]
+        fixes = rule.extra.get("fixes", {})
+        if fixes:
+            table = Table(show_header=True, box=None)
+            table.add_column("what", style="bold", no_wrap=True)
+            table.add_column("fix", overflow="fold")
+            for what, fix in fixes.items():
+                table.add_row(what, fix)
+            parts += [Text(""), Text("Fixes tpukit suggests", style="bold"), table]
     else:
         mapping = Table(show_header=True, box=None)
         for target in TARGETS:

@@ -17,6 +17,8 @@ from tpukit.findings import FixKind, Severity
 TARGETS = ("xla", "torchtpu")
 _CODE = re.compile(r"^TPU\d{3}$")
 _REQUIRED = ("code", "name", "severity", "fix", "summary", "why")
+# Rules about the environment (doctor) or a running script (run), not about source code.
+NON_CODE_ENGINES = ("doctor", "runner")
 
 
 class RuleError(Exception):
@@ -52,8 +54,8 @@ class Rule:
 
     @property
     def checks_code(self) -> bool:
-        """A rule about source code (migrate), not about the environment (doctor)."""
-        return self.extra.get("engine") != "doctor"
+        """A rule about source code (migrate), not about the environment or a run."""
+        return self.extra.get("engine") not in NON_CODE_ENGINES
 
 
 def rules_dir() -> Path:
@@ -88,7 +90,8 @@ def _parse(path: Path) -> Rule:
         expected = {t: raw[t] for t in TARGETS if t in raw}
         codes = tuple(raw["codes"]) if "codes" in raw else None
         examples.append(Example(raw["before"], expected, codes))
-    if not examples and data.get("engine") != "doctor":  # environment checks have no code
+    code_rule = data.get("engine") not in NON_CODE_ENGINES
+    if not examples and code_rule:  # environment checks and run findings have no code
         raise RuleError(f"{path}: a rule needs at least one example (examples are its tests)")
     try:
         severity, fix = Severity(data["severity"]), FixKind(data["fix"])
@@ -102,7 +105,7 @@ def _parse(path: Path) -> Rule:
         fix=fix,
         summary=data["summary"].strip(),
         why=data["why"].strip(),
-        triggers=tuple(data.get("triggers", () if data.get("engine") == "doctor" else ("cuda",))),
+        triggers=tuple(data.get("triggers", ("cuda",) if code_rule else ())),
         targets=targets,
         examples=tuple(examples),
         path=path,

@@ -27,6 +27,8 @@ class Report:
     summary_line: str = ""
     # Text output only: findings whose fix was applied are listed too.
     show_applied: bool = True
+    # Text output only: the source line under each finding (the run report).
+    excerpts: bool = False
 
 
 def render(report: Report, fmt: Format, out: TextIO, err: TextIO) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import linecache
 from typing import TextIO
 
 from rich.console import Console
@@ -31,6 +32,10 @@ def render(report, out: TextIO, err: TextIO) -> None:
         line.append(" [*] " if finding.applied else " ")
         line.append(finding.message)
         con.print(line)
+        if report.excerpts and loc.path:
+            source = linecache.getline(loc.path, loc.line).rstrip()
+            if source:
+                con.print(Text(f"{loc.line:>6} | {source}", style="dim"))
     errors = console(err)
     for error in report.errors:
         errors.print(Text(str(error), style="red"))

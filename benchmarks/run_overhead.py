@@ -1,0 +1,89 @@
+"""`tpukit run SCRIPT` vs `python SCRIPT` on the same migrated fixture, side by side.
+
+Runs both alternately `--repeat` times in one invocation (same machine state for both) and
+prints the medians of:
+- the whole process's wall time (imports, compiles, steps): the target, ratio <= 1.05;
+- the script's own run time (torch_xla already imported) minus XLA compile time, which removes
+  the compile-time noise (on XLA:CPU one compile of the same graph varies by seconds between
+  runs) and leaves what tpukit's probe adds per step;
+- the XLA compile time itself (tpukit turns on PT_XLA_DEBUG_LEVEL=2 analysis).
+The python side runs under benchmarks/xla_metrics_runner.py (runpy, then one read of
+torch_xla's metrics at the end) to get its compile time.
+
+    .venv/bin/python benchmarks/run_overhead.py [--fixture gpt_manual_batches] [--steps 20] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNER = ROOT / "benchmarks" / "xla_metrics_runner.py"
+TARGET = 1.05
+
+
+def timed(command: list[str], cwd: str) -> tuple[float, str]:
+    env = {**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU")}
+    start = time.perf_counter()
+    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return wall, proc.stdout
+
+
+def plain(script: Path, args: list[str], cwd: str) -> tuple[float, float, float]:
+    wall, out = timed([sys.executable, str(RUNNER), str(script), *args], cwd)
+    metrics = json.loads(re.search(r"^XLA_METRICS (.*)$", out, re.MULTILINE).group(1))
+    return wall, metrics["wall_s"] - metrics["compile_s"], metrics["compile_s"]
+
+
+def probed(script: Path, args: list[str], cwd: str) -> tuple[float, float, float]:
+    report = Path(cwd) / "run.json"
+    wall, _ = timed([str(Path(sys.executable).with_name("tpukit")), "run", "--json", str(report),
+                     str(script), *args], cwd)
+    summary = json.loads(report.read_text())["summary"]
+    return wall, summary["wall_s"] - summary["compile_s"], summary["compile_s"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fixture", default="gpt_manual_batches")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    folder = ROOT / "fixtures" / args.fixture
+    script = folder / "xla.py"
+    script_args = list(tomllib.loads((folder / "fixture.toml").read_text()).get("args", []))
+    if "--steps" in script_args:
+        script_args[script_args.index("--steps") + 1] = str(args.steps)
+    python_runs, tpukit_runs = [], []
+    with tempfile.TemporaryDirectory() as out:
+        extra = ["--out", out] if "--out" in script.read_text() else []
+        for _ in range(args.repeat):
+            python_runs.append(plain(script, [*script_args, *extra], out))
+            tpukit_runs.append(probed(script, [*script_args, *extra], out))
+    print(f"fixture {args.fixture} ({' '.join(script_args)}), {args.repeat} runs each, "
+          f"interleaved; PJRT_DEVICE={os.environ.get('PJRT_DEVICE', 'CPU')}")
+    for i, label in enumerate(("process wall s", "run - compile s", "compile s")):
+        p = statistics.median(r[i] for r in python_runs)
+        t = statistics.median(r[i] for r in tpukit_runs)
+        print(f"{label:16} python median {p:7.2f} ({' '.join(f'{r[i]:.2f}' for r in python_runs)})")
+        print(f"{'':16} tpukit median {t:7.2f} ({' '.join(f'{r[i]:.2f}' for r in tpukit_runs)})")
+        verdict = f" (target <= {TARGET}) -> {'OK' if t / p <= TARGET else 'OVER'}" if i == 0 else ""
+        print(f"{'':16} ratio tpukit/python {t / p:.3f}{verdict}")
+
+
+if __name__ == "__main__":
+    main()

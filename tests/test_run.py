@@ -1,0 +1,276 @@
+"""`tpukit run` on XLA:CPU through the real console script: each fixture in fixtures/run/ does
+one wrong thing at a known step and line, and the report must name exactly that."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, tpukit_executable
+
+pytest.importorskip("torch_xla")
+
+RUN = FIXTURES / "run"
+CPU = {"PJRT_DEVICE": "CPU"}
+
+
+def line_of(path: Path, text: str) -> int:
+    """The 1-based line of `text` in a fixture, so that tests follow edits to the fixture."""
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def by_code(report: dict, code: str) -> list[dict]:
+    return [f for f in report["findings"] if f["code"] == code]
+
+
+@pytest.fixture(scope="module")
+def shape_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shape")
+    proc = subprocess.run(
+        [tpukit_executable(), "run", "--json", str(out / "report.json"), "--fail-on", "recompile",
+         str(RUN / "shape_change.py"), "--steps", "10"],
+        env={**os.environ, "NO_COLOR": "1", **CPU}, capture_output=True, text=True, timeout=300)
+    return proc, json.loads((out / "report.json").read_text())
+
+
+def test_the_script_output_stays_on_stdout_and_the_report_on_stderr(shape_run):
+    proc, _ = shape_run
+    assert proc.stdout == "done\n"
+    assert "tpukit run: " in proc.stderr and "TPU701" in proc.stderr
+
+
+def test_fail_on_recompile_exits_1(shape_run):
+    proc, report = shape_run
+    assert proc.returncode == 1, proc.stderr
+    assert report["summary"]["failed_on"] == ["recompile"]
+
+
+def test_a_smaller_batch_is_named_with_its_step_line_and_dim(shape_run):
+    _, report = shape_run
+    sync_line = line_of(RUN / "shape_change.py", "torch_xla.sync()")
+    forward_line = line_of(RUN / "shape_change.py", "loss = torch.nn.functional.cross_entropy")
+    (step6,) = [f for f in by_code(report, "TPU701") if f["extra"]["step"] == 6]
+    assert step6["line"] == sync_line
+    assert step6["extra"]["previous_step"] == 5
+    (change,) = step6["extra"]["changes"]
+    assert change == {"name": "Tagger.forward(tokens)", "old": [8, 12], "new": [6, 12],
+                      "old_dtype": "int64", "new_dtype": "int64", "dims": [0], "line": forward_line}
+    assert "[8, 12] -> [6, 12] (dim 0)" in step6["message"] and "drop_last=True" in step6["message"]
+
+
+def test_padding_to_each_batch_length_recompiles_every_step_on_dim_1(shape_run):
+    _, report = shape_run
+    padded = {f["extra"]["step"]: f for f in by_code(report, "TPU701") if f["extra"]["step"] >= 8}
+    assert sorted(padded) == [8, 9, 10]
+    assert padded[8]["extra"]["changes"][0]["old"] == [8, 12]
+    assert padded[8]["extra"]["changes"][0]["new"] == [8, 20]
+    assert padded[9]["message"].count("[8, 20] -> [8, 21] (dim 1)") == 1
+    assert all(f["extra"]["changes"][0]["dims"] == [1] for f in padded.values())
+
+
+def test_a_graph_seen_before_is_not_a_recompile(shape_run):
+    _, report = shape_run
+    steps = {f["extra"]["step"] for f in by_code(report, "TPU701")}
+    assert 7 not in steps  # step 7 is back to [8, 12]: XLA's cache hit, no compile
+    assert report["summary"]["recompiles_after_warmup"] == 4
+
+
+def test_the_json_report_carries_every_step(shape_run):
+    _, report = shape_run
+    summary = report["summary"]
+    assert summary["steps"] == 10 and summary["warmup"] == 2 and summary["outcome"] == "ok"
+    records = summary["step_records"]
+    assert [r["step"] for r in records] == list(range(1, 11))
+    assert records[5]["shapes"]["Tagger.forward(tokens)"]["shape"] == [6, 12]
+    assert records[5]["compiles"] == 1 and len(records[5]["graphs_compiled"]) == 1
+    assert records[6]["compiles"] == 0 and records[6]["executions"] >= 1
+    assert summary["step_time_median_s"] > 0
+
+
+@pytest.fixture(scope="module")
+def fallback_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fallback")
+    proc = subprocess.run(
+        [tpukit_executable(), "run", "--format", "github", "--json", str(out / "report.json"),
+         "--fail-on", "fallback,sync", str(RUN / "fallback_sync.py"), "--steps", "8"],
+        env={**os.environ, "NO_COLOR": "1", **CPU}, capture_output=True, text=True, timeout=300)
+    return proc, json.loads((out / "report.json").read_text())
+
+
+def test_each_cpu_fallback_is_named_at_the_line_that_called_it(fallback_run):
+    _, report = fallback_run
+    script = RUN / "fallback_sync.py"
+    lines = {f["line"] for f in by_code(report, "TPU702") if f["extra"]["op"] == "aten::nonzero"}
+    assert line_of(script, "torch.nonzero(labels)") in lines
+    assert line_of(script, "logits[logits > 0]") in lines
+    finding = by_code(report, "TPU702")[0]
+    assert finding["extra"]["per_step"] >= 2 and "torch.where" in finding["message"]
+
+
+def test_item_every_step_is_a_host_sync_warning(fallback_run):
+    _, report = fallback_run
+    (sync,) = by_code(report, "TPU703")
+    assert sync["line"] == line_of(RUN / "fallback_sync.py", "total += loss.item()")
+    assert sync["severity"] == "warning" and sync["extra"]["method"] == "item"
+    assert sync["extra"]["count"] == 8 and sync["extra"]["per_step"] == 1.0
+    assert "xm.add_step_closure" in sync["message"]
+
+
+def test_mpdeviceloader_iteration_ends_each_step(fallback_run):
+    _, report = fallback_run
+    records = report["summary"]["step_records"]
+    assert len(records) == 8
+    assert {r["boundary"] for r in records} == {"MpDeviceLoader"}
+    assert records[2]["boundary_at"]["line"] == line_of(RUN / "fallback_sync.py", "in loader:")
+
+
+def test_recompiles_from_data_dependent_shapes_point_at_the_fallbacks(fallback_run):
+    _, report = fallback_run
+    for finding in by_code(report, "TPU701"):
+        assert not finding["extra"]["changes"]
+        assert "aten::nonzero" in finding["message"]
+
+
+def test_github_format_goes_to_stdout_after_the_script(fallback_run):
+    proc, _ = fallback_run
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("mean loss ")
+    assert any(line.startswith("::warning file=") and "TPU703" in line for line in lines[1:])
+
+
+def _script(tmp_path: Path, body: str, name: str = "train.py") -> Path:
+    path = tmp_path / name
+    path.write_text(body)
+    return path
+
+
+STEPS = """\
+import sys
+import torch
+import torch_xla
+
+x = torch.ones(4, device=torch_xla.device())
+for step in range(int(sys.argv[1])):
+    x = x * 2
+    torch_xla.sync()
+"""
+
+
+def test_script_errors_print_a_clean_traceback_and_keep_the_steps(tmp_path, run_cli):
+    path = _script(tmp_path, STEPS + "    if step == 2:\n        raise ValueError('bad batch')\n")
+    proc = run_cli("run", "--format", "json", path, "5", env=CPU)
+    assert proc.returncode == 1
+    assert "Traceback (most recent call last):" in proc.stderr
+    assert f'File "{path}", line 10, in <module>' in proc.stderr
+    assert "ValueError: bad batch" in proc.stderr
+    assert "tpukit" not in proc.stderr.split("Traceback", 1)[1].split("ValueError")[0]
+    assert "runpy" not in proc.stderr
+    summary = json.loads(proc.stdout)["summary"]
+    assert summary["outcome"] == "error" and summary["error"] == "ValueError: bad batch"
+    assert summary["steps"] == 3
+
+
+def test_sys_exit_code_passes_through(tmp_path, run_cli):
+    path = _script(tmp_path, STEPS + "sys.exit(7)\n")
+    proc = run_cli("run", "--format", "json", path, "3", env=CPU)
+    assert proc.returncode == 7
+    assert json.loads(proc.stdout)["summary"]["steps"] == 3
+
+
+def test_max_steps_ends_the_script_cleanly_and_reports(tmp_path, run_cli):
+    path = _script(tmp_path, STEPS + "print('finished all steps')\n")
+    proc = run_cli("run", "--max-steps", "4", "--format", "json", path, "50", env=CPU)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)["summary"]
+    assert "finished all steps" not in proc.stdout
+    assert summary["steps"] == 4 and summary["stopped_early"] and summary["outcome"] == "max-steps"
+
+
+def test_module_mode_sets_argv_path_and_file_like_python(tmp_path, run_cli):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text(
+        "import sys, json\nimport torch_xla\n"
+        "print(json.dumps({'argv': sys.argv, 'path0': sys.path[0], 'file': __file__, "
+        "'name': __name__}))\n")
+    proc = run_cli("run", "-m", "pkg.train", "--lr", "3", cwd=tmp_path, env=CPU)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.splitlines()[0])
+    assert seen["argv"] == [str(package / "train.py"), "--lr", "3"]
+    assert seen["path0"] == str(tmp_path) and seen["name"] == "__main__"
+
+
+def test_script_mode_sets_argv_path_and_file_like_python(tmp_path, run_cli):
+    _script(tmp_path, "import sys, json\nprint(json.dumps({'argv': sys.argv, "
+                             "'path0': sys.path[0], 'file': __file__}))\n")
+    proc = run_cli("run", "train.py", "--", "--lr", "3", cwd=tmp_path, env=CPU)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.splitlines()[0])
+    assert seen == {"argv": ["train.py", "--lr", "3"], "path0": str(tmp_path), "file": "train.py"}
+    assert "no TPU here: running on XLA:CPU" not in proc.stderr  # PJRT_DEVICE was set
+
+
+def test_cuda_idioms_left_in_the_script_are_said_up_front(tmp_path, run_cli):
+    path = _script(tmp_path, "import torch\nprint(torch.cuda.is_available())\n")
+    proc = run_cli("run", "--format", "json", path, env=CPU)
+    assert proc.returncode == 0, proc.stderr
+    assert "still has 1 CUDA idiom(s)" in proc.stderr and "tpukit migrate" in proc.stderr
+    report = json.loads(proc.stdout.split("\n", 1)[1])
+    (finding,) = by_code(report, "TPU704")
+    assert finding["line"] == 2
+
+
+def test_ctrl_c_stops_with_a_report_and_exit_130(tmp_path):
+    path = _script(tmp_path, "import time\nimport torch\nimport torch_xla\n"
+                             "x = torch.ones(4, device=torch_xla.device())\n"
+                             "print('ready', flush=True)\n"
+                             "while True:\n    x = x + 1\n    torch_xla.sync()\n    time.sleep(0.05)\n")
+    proc = subprocess.Popen([tpukit_executable(), "run", "--format", "json", str(path)],
+                            env={**os.environ, **CPU}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    summary = json.loads(out)["summary"]
+    assert summary["outcome"] == "interrupted" and summary["steps"] >= 2
+
+
+def test_a_missing_script_is_one_line_and_exit_2(tmp_path, run_cli):
+    proc = run_cli("run", tmp_path / "nope.py")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"tpukit: error: {tmp_path / 'nope.py'}: no such file"
+
+
+def test_fail_on_rejects_unknown_kinds(run_cli):
+    proc = run_cli("run", "--fail-on", "slow", "x.py")
+    assert proc.returncode == 2 and "--fail-on takes recompile,fallback,sync" in proc.stderr
+
+
+def test_output_file_needs_a_machine_format(run_cli):
+    proc = run_cli("run", "-o", "report.txt", "x.py")
+    assert proc.returncode == 2 and "-o/--output" in proc.stderr
+
+
+def test_the_probe_leaves_torch_as_it_found_it():
+    import torch
+    import torch_xla
+
+    from tpukit.run.probe import HOST_READS, Probe
+
+    before = {name: torch.Tensor.__dict__.get(name) for name in (*HOST_READS, "to")}
+    sync = torch_xla.sync
+    probe = Probe(None)
+    probe.install()
+    assert torch_xla.sync is not sync and torch.Tensor.item is not before["item"]
+    probe.uninstall()
+    assert torch_xla.sync is sync
+    assert {name: torch.Tensor.__dict__.get(name) for name in before} == before

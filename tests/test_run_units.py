@@ -1,0 +1,117 @@
+"""`tpukit run`'s pieces that need no XLA: the debug-log reader, shape diffs, the analysis."""
+
+from __future__ import annotations
+
+from tpukit.findings import Severity
+from tpukit.run.analysis import analyse
+from tpukit.run.debuglog import DebugLog
+from tpukit.run.probe import HostRead, Probe, Step
+from tpukit.run.shapes import describe, diff, signature
+
+BLOCK = """\
+Compilation Analysis: ================================================================================
+Compilation Analysis: Compilation Cause
+Compilation Analysis:   most likely user code trying to access tensor value before torch_xla.sync
+Compilation Analysis: Graph Info: 
+Compilation Analysis:   Graph Hash: 30a673416229794a9ef783550d878c2a
+Compilation Analysis:   Number of Graph Inputs: 3
+Compilation Analysis:   Number of Graph Outputs: 1
+Compilation Analysis: Python Frame Triggered Execution: 
+Compilation Analysis:   sync (/venv/lib/python3.11/site-packages/torch_xla/torch_xla.py:87)
+Compilation Analysis:   <module> (/tmp/train.py:13)
+Compilation Analysis: --------------------------------------------------------------------------------
+Compilation Analysis: ================================================================================
+
+Computation hash: c7a2bf7c43393bb1159bde537c8798d7
+
+Post Compilation Analysis: ================================================================================
+Post Compilation Analysis: Graph input size: 0.000000 GB
+Post Compilation Analysis: ================================================================================
+"""
+
+
+def test_debug_log_parses_a_compilation_block(tmp_path):
+    path = tmp_path / "debug.txt"
+    path.write_text(BLOCK)
+    (event,) = DebugLog(path).read_new()
+    assert event.kind == "compile"
+    assert event.graph_hash == "30a673416229794a9ef783550d878c2a"
+    assert event.inputs == 3 and event.outputs == 1
+    assert event.cause.startswith("most likely user code")
+    assert event.frames[-1] == ("<module>", "/tmp/train.py", 13)
+
+
+def test_debug_log_keeps_a_half_written_block_for_the_next_read(tmp_path):
+    path = tmp_path / "debug.txt"
+    cut = BLOCK.index("Number of Graph Outputs") + 10  # mid-line, mid-block
+    path.write_text(BLOCK[:cut])
+    log = DebugLog(path)
+    assert log.read_new() == []
+    path.write_text(BLOCK + BLOCK.replace("Compilation", "Execution"))
+    events = log.read_new()
+    assert [e.kind for e in events] == ["compile", "execute"]
+    assert events[0].outputs == 1
+
+
+def test_shape_diff_names_the_dimension():
+    old = {"x": ((16, 52), "int64")}
+    new = {"x": ((16, 57), "int64")}
+    (change,) = diff(old, new)
+    assert describe(change) == "x: [16, 52] -> [16, 57] (dim 1)"
+
+
+def test_shape_diff_reports_dtype_and_rank_changes():
+    dtype = diff({"x": ((4,), "float32")}, {"x": ((4,), "bfloat16")})
+    assert describe(dtype[0]) == "x: float32 -> bfloat16"
+    rank = diff({"x": ((4,), "float32")}, {"x": ((4, 1), "float32")})
+    assert describe(rank[0]) == "x: [4] -> [4, 1] (rank)"
+    assert diff({"x": ((4,), "float32")}, {"x": ((4,), "float32")}) == []
+
+
+def test_signature_walks_tuples_and_dicts():
+    class T:
+        def __init__(self, *shape):
+            self.shape, self.dtype = shape, "torch.float32"
+
+    names = signature((T(2, 3), {"mask": T(2)}), "batch")
+    assert names == {"batch[0]": ((2, 3), "float32"), "batch[1]['mask']": ((2,), "float32")}
+
+
+def _probe_with(steps: list[Step]) -> Probe:
+    probe = Probe(None)
+    probe.steps = steps
+    return probe
+
+
+def _step(index, *, compiles=0, shapes=None, reads=(), fallbacks=None) -> Step:
+    step = Step(index, start=float(index), end=index + 0.5, compiles=compiles,
+                shapes=shapes or {}, fallbacks=fallbacks or {})
+    step.reads = list(reads)
+    step.boundary_at = ("train.py", 40)
+    return step
+
+
+def test_compiles_without_a_debug_log_still_give_a_recompile_finding():
+    steps = [_step(1, compiles=1), _step(2), _step(3, compiles=1)]
+    analysis = analyse(_probe_with(steps), warmup=2, script="train.py")
+    (finding,) = [f for f in analysis.findings if f.code == "TPU701"]
+    assert finding.extra["step"] == 3 and finding.location.line == 40
+    assert analysis.summary["recompiles_after_warmup"] == 1
+
+
+def test_a_read_in_every_step_is_a_warning_and_a_rare_one_is_info():
+    every = [HostRead("item", "train.py", 30, 4)]
+    steps = [_step(i, reads=every + ([HostRead("cpu", "train.py", 50, 64)] if i == 5 else []))
+             for i in range(1, 7)]
+    analysis = analyse(_probe_with(steps), warmup=2, script="train.py")
+    by_line = {f.location.line: f for f in analysis.findings if f.code == "TPU703"}
+    assert by_line[30].severity is Severity.WARNING and by_line[30].extra["per_step"] == 1.0
+    assert by_line[50].severity is Severity.INFO
+    assert analysis.failures(["sync"]) == ["sync"]
+
+
+def test_fail_on_names_only_what_happened():
+    steps = [_step(i) for i in range(1, 5)]
+    analysis = analyse(_probe_with(steps), warmup=2, script="train.py")
+    assert analysis.failures(["recompile", "fallback", "sync"]) == []
+    assert analysis.summary["steps"] == 4 and analysis.summary["steady_steps"] == 2

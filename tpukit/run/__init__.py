@@ -1,0 +1,1 @@
+"""`tpukit run`: run a script in-process on XLA and explain its recompiles, fallbacks and syncs."""

@@ -1,0 +1,277 @@
+"""Turns the probe's step records into a summary and findings (TPU701-703)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+
+from tpukit.findings import Finding, Location, Severity
+from tpukit.rules import load_rules
+from tpukit.run.probe import Probe, Step, is_user_file
+from tpukit.run.shapes import describe, diff
+
+SCALAR_READ_OP = "aten::_local_scalar_dense"  # `.item()`: reported as a host sync (TPU703)
+FAIL_ON = ("recompile", "fallback", "sync")
+_KIND_CODE = {"recompile": "TPU701", "fallback": "TPU702", "sync": "TPU703"}
+
+
+@dataclass
+class Analysis:
+    summary: dict
+    findings: list[Finding]
+
+    def failures(self, fail_on: list[str]) -> list[str]:
+        """The --fail-on kinds that occurred (sync counts only in the hot loop: warnings)."""
+        hit = []
+        for kind in fail_on:
+            code = _KIND_CODE[kind]
+            if any(f.code == code and f.severity is Severity.WARNING for f in self.findings):
+                hit.append(kind)
+        return hit
+
+
+class Loops:
+    """Steps grouped by the line that ends them: a training loop, an eval loop, ... Warm-up is
+    per loop: the first K steps of each loop compile its graphs (an eval loop that first runs at
+    step 500 warms up then, and its first compile there is not a recompile)."""
+
+    def __init__(self, steps: list[Step], warmup: int) -> None:
+        self.warmup = warmup
+        self.ordinal: dict[int, int] = {}
+        self.members: dict[tuple, list[Step]] = {}
+        for step in steps:
+            members = self.members.setdefault(self.key(step), [])
+            members.append(step)
+            self.ordinal[step.index] = len(members)
+
+    @staticmethod
+    def key(step: Step) -> tuple:
+        return step.boundary_at or (step.boundary, 0)
+
+    def steady(self, step: Step) -> bool:
+        return step.complete and self.ordinal[step.index] > self.warmup
+
+    def steady_of(self, key: tuple) -> list[Step]:
+        return [s for s in self.members.get(key, []) if self.steady(s)]
+
+    def main(self) -> tuple | None:
+        """The loop with the most steps (the training loop, almost always)."""
+        complete = {k: v for k, v in self.members.items() if any(s.complete for s in v)}
+        return max(complete, key=lambda k: len(complete[k])) if complete else None
+
+
+def _finding(code: str, message: str, where: tuple[str, int], severity: Severity | None = None,
+             **extra) -> Finding:
+    rule = load_rules()[code]
+    return Finding(code, severity or rule.severity, message, Location(where[0], where[1]),
+                   name=rule.name, extra=extra)
+
+
+def _graph_line(event) -> tuple[str, int] | None:
+    for _, filename, line in event.frames:
+        if is_user_file(filename):
+            return filename, line
+    return None
+
+
+def _short(graph_hash: str) -> str:
+    return graph_hash[:8] if graph_hash else "?"
+
+
+def recompile_findings(steps: list[Step], loops: Loops, script: str,
+                       fallback_lines: dict | None = None) -> list[Finding]:
+    by_index = {s.index: s for s in steps}
+    history: list[tuple[tuple[str, int] | None, str, int]] = []  # (line, hash, step) in order
+    findings = []
+    for step in steps:
+        compiled = [g for g in step.graphs if g.kind == "compile"]
+        per_compile = step.compile_s / max(step.compiles, len(compiled), 1)
+        for event in step.graphs:
+            line = _graph_line(event)
+            if event.kind == "compile" and loops.steady(step):
+                previous = next((s for l, h, s in reversed(history)
+                                 if l == line and h != event.graph_hash), None)
+                findings.append(_recompile(step, event, line or step.boundary_at or (script, 1),
+                                           by_index.get(previous), per_compile,
+                                           fallback_lines or {}))
+            history.append((line, event.graph_hash, step.index))
+        if not step.graphs and step.compiles and loops.steady(step):  # no debug log to read
+            findings.append(_finding(
+                "TPU701", f"step {step.index}: XLA compiled {step.compiles} new graph(s) "
+                f"({step.compile_s:.2f} s) after warm-up", step.boundary_at or (script, 1),
+                step=step.index, compile_s=step.compile_s))
+    return findings
+
+
+def _recompile(step: Step, event, where, previous: Step | None, compile_s: float,
+               fallback_lines: dict) -> Finding:
+    head = (f"step {step.index}: XLA compiled a new graph (hash {_short(event.graph_hash)}, "
+            f"{compile_s:.2f} s) materialising tensors at this line")
+    extra = {"step": step.index, "graph_hash": event.graph_hash, "compile_s": round(compile_s, 6),
+             "cause": event.cause, "changes": [], "previous_step": None}
+    if previous is None:
+        message = (f"{head}; it is the first graph from this line. Expected if this code runs "
+                   "once (evaluation, a checkpoint); if it repeats, raise --warmup or look at why "
+                   "the graph is new")
+        return _finding("TPU701", message, where, **extra)
+    changes = diff(previous.shapes, step.shapes)
+    for change in changes:
+        origin = step.origins.get(change["name"])
+        change["line"] = origin[1] if origin else None
+    extra.update(changes=changes, previous_step=previous.index)
+    if not changes:
+        message = (f"{head}; against step {previous.index}'s graph from this line no batch or "
+                   "forward input changed shape or dtype, so the graph itself changed")
+        dynamic = _data_dependent_lines(step, fallback_lines)
+        if dynamic:
+            message += (f". This step ran ops whose output size depends on the data on the CPU "
+                        f"({dynamic}): their results enter the graph with a new size whenever the "
+                        "data changes. Fix: give them fixed shapes (see TPU702)")
+        else:
+            message += (": look for Python numbers that vary per step (a float in tensor math, a "
+                        "step-dependent branch, an `.item()` fed back into tensors) and make them "
+                        "tensors")
+        return _finding("TPU701", message, where, **extra)
+    what = "; ".join(describe(c) for c in changes)
+    message = f"{head}; changed since step {previous.index}: {what}. Fix: {_shape_fix(changes)}"
+    return _finding("TPU701", message, where, **extra)
+
+
+DATA_DEPENDENT_OPS = ("aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
+                      "aten::index", "aten::repeat_interleave")
+
+
+def _data_dependent_lines(step: Step, fallback_lines: dict) -> str:
+    parts = []
+    for op in sorted(step.fallbacks):
+        if op in DATA_DEPENDENT_OPS:
+            lines = sorted({line for (_, line) in fallback_lines.get(op, {})})
+            parts.append(f"`{op}`" + (f" at line {', '.join(map(str, lines))}" if lines else ""))
+    return "; ".join(parts)
+
+
+def _shape_fix(changes: list[dict]) -> str:
+    batch_only = all(c["dims"] == [0] for c in changes)
+    if batch_only and all(c["new"][0] < c["old"][0] for c in changes):
+        return ("a smaller batch (often the last of an epoch): `DataLoader(..., drop_last=True)` "
+                "or pad it to the full batch size")
+    if any(c["old_dtype"] != c["new_dtype"] for c in changes):
+        return "cast the input to one dtype before the model"
+    dims = sorted({d for c in changes for d in c["dims"]})
+    where = f"dim {', '.join(map(str, dims))}" if dims else "the changed dimensions"
+    return (f"pad {where} to a fixed size or to a few bucket sizes (`tpukit.buckets`), so that "
+            "XLA compiles one graph per bucket instead of one per size")
+
+
+def fallback_findings(probe: Probe, steps: list[Step], loops: Loops, script: str) -> list[Finding]:
+    fixes = load_rules()["TPU702"].extra.get("fixes", {})
+    totals: Counter = Counter()
+    steady: Counter = Counter()
+    for step in steps:
+        for op, n in step.fallbacks.items():
+            totals[op] += n
+            if loops.steady(step):
+                steady[op] += n
+    steady_steps = max(1, sum(1 for s in steps if loops.steady(s)))
+    findings = []
+    for op, total in sorted(totals.items()):
+        if op == SCALAR_READ_OP:
+            continue
+        rate = steady[op] / steady_steps
+        fix = fixes.get(op, "find a fixed-shape form of this op, or move it out of the training step")
+        lines = sorted(probe.fallback_lines.get(op, {}).items(), key=lambda kv: kv[0])
+        first = next((s.index for s in steps if op in s.fallbacks), None)
+        extra = {"op": op, "count": total, "per_step": round(rate, 4), "first_step": first}
+        what = (f"{total} time(s) in all ({rate:.2g} per step after warm-up, first in step "
+                f"{first})")
+        effect = "each call copies tensors to the host and back and cuts the graph"
+        if not lines:
+            findings.append(_finding(
+                "TPU702", f"`{op}` ran on the CPU {what}: {effect}. Fix: {fix} (the calling line "
+                "was not seen: it ran only outside the traced steps)", (script, 1), **extra))
+        for where, calls in lines:
+            share = f"; this line is one of {len(lines)} calling it" if len(lines) > 1 else ""
+            message = f"`{op}` ran on the CPU {what}{share}: {effect}. Fix: {fix}"
+            findings.append(_finding("TPU702", message, where, traced_calls=calls, **extra))
+    return findings
+
+
+def sync_findings(steps: list[Step], loops: Loops) -> list[Finding]:
+    fixes = load_rules()["TPU703"].extra.get("fixes", {})
+    per_line: dict[tuple[str, int], dict] = {}
+    for step in steps:
+        for read in step.reads:
+            entry = per_line.setdefault((read.path, read.line), {
+                "count": 0, "bytes": 0, "methods": Counter(), "steps": set(), "loops": Counter()})
+            entry["count"] += 1
+            entry["bytes"] += read.nbytes
+            entry["methods"][read.method] += 1
+            entry["steps"].add(step.index)
+            entry["loops"][Loops.key(step)] += 1
+    findings = []
+    for where, entry in sorted(per_line.items()):
+        method = entry["methods"].most_common(1)[0][0]
+        # The rate is per step of the loop this line reads in most.
+        loop = entry["loops"].most_common(1)[0][0]
+        steady = loops.steady_of(loop)
+        reading = sum(1 for s in steady if s.index in entry["steps"])
+        rate = sum(1 for s in steady for r in s.reads if (r.path, r.line) == where) / len(steady) \
+            if steady else 0.0
+        hot = bool(steady) and reading >= len(steady) / 2
+        shown = f"`.{method}()`" if not method.startswith("__") else f"`{method[2:-2]}(tensor)`"
+        message = (f"{shown} copies device data to the host {entry['count']} time(s) "
+                   f"({rate:.2g} per step after warm-up, {entry['bytes']} bytes in all): the host "
+                   f"waits for the device{' every step' if hot else ''}. "
+                   f"Fix: {fixes.get(method, 'read it outside the step')}")
+        findings.append(_finding(
+            "TPU703", message, where, None if hot else Severity.INFO, method=method,
+            count=entry["count"], per_step=round(rate, 4), bytes=entry["bytes"],
+            steps=sorted(entry["steps"])[:50]))
+    return findings
+
+
+def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
+    steps = probe.steps
+    loops = Loops(steps, warmup)
+    compiles = [g for s in steps for g in s.graphs if g.kind == "compile"]
+    findings = (recompile_findings(steps, loops, script, probe.fallback_lines)
+                + fallback_findings(probe, steps, loops, script) + sync_findings(steps, loops))
+    fallback_total = sum(n for s in steps for op, n in s.fallbacks.items() if op != SCALAR_READ_OP)
+    main = loops.main()
+    main_steady = loops.steady_of(main) if main else []
+    summary = {
+        "steps": sum(s.complete for s in steps),
+        "warmup": warmup,
+        "steady_steps": sum(1 for s in steps if loops.steady(s)),
+        "step_time_median_s": _median(main_steady),
+        "main_loop": _where(main),
+        "loops": [
+            {**_where(key), "steps": len(members), "steady_steps": len(loops.steady_of(key)),
+             "step_time_median_s": _median(loops.steady_of(key))}
+            for key, members in sorted(loops.members.items(), key=lambda kv: -len(kv[1]))
+            if any(s.complete for s in members)
+        ],
+        "compiles": sum(s.compiles for s in steps),
+        "compile_s": round(sum(s.compile_s for s in steps), 6),
+        "distinct_graphs": len({g.graph_hash for g in compiles}) if compiles
+        else sum(s.compiles for s in steps),
+        "recompiles_after_warmup": sum(s.compiles for s in steps if loops.steady(s)),
+        "fallbacks": fallback_total,
+        "host_syncs": sum(len(s.reads) for s in steps),
+        "host_transfers": sum(s.transfers for s in steps),
+        "stopped_early": probe.stopped_early,
+        "step_records": [{**s.to_dict(), "warmup": not loops.steady(s)} for s in steps],
+    }
+    return Analysis(summary, findings)
+
+
+def _median(steps: list[Step]) -> float | None:
+    return round(statistics.median(s.wall_s for s in steps), 6) if steps else None
+
+
+def _where(key: tuple | None) -> dict:
+    if key is None:
+        return {"path": None, "line": None}
+    return {"path": key[0], "line": key[1]} if key[1] else {"path": None, "line": None,
+                                                             "boundary": key[0]}
