@@ -267,3 +267,20 @@ def test_progress_bar_on_a_terminal_only(tmp_path):
     assert "migrating" in on_tty.stdout  # rich's progress line, drawn on the terminal
     piped = subprocess.run(command.split(), cwd=tmp_path, capture_output=True, text=True)
     assert "migrating" not in piped.stdout + piped.stderr
+
+
+def test_migrate_dir_reports_torchrun_lines_in_shell_scripts(tmp_path, run_cli):
+    (tmp_path / "train.py").write_text("import torch\n")
+    script = tmp_path / "launch.sh"
+    text = "#!/bin/bash\n# torchrun in a comment is not a launch\ntorchrun --nproc_per_node=8 train.py\n"
+    script.write_text(text)
+    proc = run_cli("migrate", "--check", "--format", "json", tmp_path, cwd=tmp_path)
+    report = json.loads(proc.stdout)
+    (finding,) = [f for f in report["findings"] if f["code"] == "TPU414"]
+    assert (finding["path"], finding["line"], finding["col"]) == ("launch.sh", 3, 1)
+    assert "--nproc_per_node=8" in finding["message"] and "PJRT_DEVICE=TPU" in finding["message"]
+    assert report["summary"]["shell_scripts"] == 1 and report["summary"]["files"] == 1
+    assert proc.returncode == 1  # a launch line needs a person
+    assert script.read_text() == text  # reported, never rewritten
+    ignored = run_cli("migrate", "--check", "--ignore", "TPU414", tmp_path, cwd=tmp_path)
+    assert "TPU414" not in ignored.stdout and ignored.returncode == 0

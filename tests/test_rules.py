@@ -36,6 +36,8 @@ def test_rule_has_code_behind_it_and_docs(rule):
     elif rule.extra["engine"] == "doctor":  # an environment check of `tpukit doctor`
         checks = (rules_dir().parent / "tpukit" / "doctor" / "checks.py").read_text()
         assert f'finding("{rule.code}"' in checks
+    elif rule.extra["engine"] == "shell":  # migrate's scan of *.sh files
+        assert f'"{rule.code}"' in (rules_dir().parent / "tpukit" / "migrate" / "shell.py").read_text()
     else:  # a finding of `tpukit run`
         assert rule.extra["engine"] == "runner"
         sources = "".join(p.read_text() for p in (rules_dir().parent / "tpukit" / "run").glob("*.py"))

@@ -36,9 +36,11 @@ def fixture_config(name: str) -> dict:
 
 NAMES = sorted(p.parent.name for p in FIXTURES.glob("*/cuda.py"))
 # Fixtures with a hand-written reference port are run (and compared) by test_ports.py.
+# Distributed fixtures run through their launcher in test_distributed.py.
 RUNNABLE = [
     n for n in NAMES
     if fixture_config(n)["runs_on_xla"] and not (FIXTURES / n / "reference_xla.py").exists()
+    and not fixture_config(n).get("distributed")
 ]
 
 

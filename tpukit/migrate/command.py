@@ -91,8 +91,10 @@ def _collect(jobs: list[Job], workers: int, show_progress: bool) -> list[FileRes
     return results
 
 
-def summarize(request: MigrateRequest, results: list[FileResult]) -> tuple[dict, str]:
-    findings = [f for r in results for f in r.findings]
+def summarize(request: MigrateRequest, results: list[FileResult],
+              extra: list | None = None) -> tuple[dict, str]:
+    """`extra`: findings outside the Python files (launch lines in shell scripts)."""
+    findings = [f for r in results for f in r.findings] + list(extra or [])
     changed = sum(r.changed for r in results)
     fixes = sum(f.applied for f in findings)
     manual = sum(f.needs_person for f in findings)
@@ -123,6 +125,22 @@ def summarize(request: MigrateRequest, results: list[FileResult]) -> tuple[dict,
     return summary, line + "."
 
 
+def shell_findings(request: MigrateRequest) -> tuple[list, int]:
+    """TPU414 over the *.sh files named or under the folders given, if selected."""
+    from tpukit.migrate.files import SKIP_DIRS, _excluded
+    from tpukit.migrate.shell import CODE, discover_shell, scan_shell
+
+    cfg = request.config
+    select = request.select or cfg.select
+    ignore = request.ignore or ([] if request.select else cfg.ignore)
+    if (select and not any(CODE.startswith(p) for p in select)) or any(
+            CODE.startswith(p) for p in ignore):
+        return [], 0
+    scripts = discover_shell(request.paths, lambda p: _excluded(p, list(cfg.exclude), cfg.root),
+                             SKIP_DIRS)
+    return [f for s in scripts for f in scan_shell(s, display_path(s))], len(scripts)
+
+
 def run_migrate(request: MigrateRequest) -> int:
     jobs = build_jobs(request)
     workers = request.jobs or os.cpu_count() or 1
@@ -134,8 +152,11 @@ def run_migrate(request: MigrateRequest) -> int:
         for result in results:
             if result.diff:
                 sys.stdout.write(result.diff)
-    summary, line = summarize(request, results)
-    findings = [f for r in results for f in r.findings]
+    shell, scripts = shell_findings(request)
+    summary, line = summarize(request, results, shell)
+    findings = [f for r in results for f in r.findings] + shell
+    if scripts:
+        summary["shell_scripts"] = scripts
     errors: list[FileError] = [r.error for r in results if r.error is not None]
     report = Report(
         command="migrate",

@@ -29,6 +29,7 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
 _ALIAS_USE = re.compile(r"\b(" + "|".join(IMPORTS) + r")\.")
 
 _CUDA_DEVICE = re.compile(r"^cuda(:\d+)?$")
+_LAUNCH_CALL = re.compile(r"\b(?:mp|multiprocessing|torch_xla)\.(?:spawn|launch)\(|\bspawn\(")
 
 
 def dotted(expr: cst.BaseExpression | None) -> str | None:
@@ -167,6 +168,9 @@ class MigrationContext:
         self.aliases: dict[str, str] = {}
         self.reports: list[Report] = []
         self.imports_needed: set[str] = set()
+        # Modules imported for what importing them does (`torch_xla.distributed.xla_backend`
+        # registers the "xla" process-group backend); added whether or not a name is used.
+        self.side_effect_imports: set[str] = set()
         self.helpers_needed: set[str] = set()
         self.handled: set[int] = set()  # id() of nodes a rule already spoke for
         self.in_import = False
@@ -286,6 +290,21 @@ class MigrationContext:
         if key not in self._memo:
             self._memo[key] = compute()
         return self._memo[key]
+
+    def in_launcher(self) -> bool:
+        """Is the current code in the scope (function, or the module's top level) that calls
+        `mp.spawn`/`torch_xla.launch`? There the XLA runtime must not be touched yet."""
+        scope = self.functions[-1] if self.functions else None
+
+        def compute() -> bool:
+            if scope is not None:
+                code = self.code(scope)
+            else:
+                code = "\n".join(self.code(s) for s in self.module.body
+                                 if not isinstance(s, (cst.FunctionDef, cst.ClassDef)))
+            return bool(_LAUNCH_CALL.search(code))
+
+        return self.memo(("launcher", id(scope)), compute)
 
     def torch_name(self) -> str:
         """The name this file uses for torch (`torch`, or `th` after `import torch as th`)."""

@@ -223,6 +223,13 @@ class Rewriter(cst.CSTTransformer):
             self.ctx.fstring_quotes.pop()
         if original in self.planned:
             return self.planned.pop(original)
+        if isinstance(updated, cst.SimpleStatementLine) and any(
+                stmt in self.statement_plans for stmt in original.body):
+            # The line's own statements first, so that a rule acting on the whole line (a
+            # barrier added after it) sees them rewritten instead of dropping the rewrite.
+            updated = self._apply_line_plans(original, updated)
+            if not isinstance(updated, cst.SimpleStatementLine) or updated in self.removed_lines:
+                return updated
         for hook in self.hooks.leave.get(type(original).__name__, ()):
             result = hook(original, updated)
             if result is not None:
@@ -352,12 +359,14 @@ def _fix_imports(module: cst.Module, ctx: MigrationContext) -> cst.Module:
         needed.add("torch_xla")  # 'xla' device strings work once torch_xla is imported
     for helper in ctx.helpers_needed:  # inserted after this, so not counted above
         needed.update(helpers.IMPORTS_OF[helper])
-    if not needed:
+    if not needed and not ctx.side_effect_imports:
         return module
     context = CodemodContext()
     for alias in sorted(needed):
         mod, asname = IMPORTS[alias]
         AddImportsVisitor.add_needed_import(context, mod, asname=asname)
+    for mod in sorted(ctx.side_effect_imports):
+        AddImportsVisitor.add_needed_import(context, mod)
     return AddImportsVisitor(context).transform_module(module)
 
 

@@ -10,7 +10,6 @@ import difflib
 import fnmatch
 import os
 import stat
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -19,6 +18,7 @@ from typing import Iterator
 
 import libcst as cst
 
+from tpukit.atomic import atomic_write
 from tpukit.findings import FileError, Finding
 from tpukit.migrate.engine import MigrateOptions, MigrationBug, compiles, migrate_source
 from tpukit.rules import load_rules
@@ -76,7 +76,8 @@ def discover(paths: list[Path], exclude: list[str], root: Path) -> list[Path]:
     found: list[Path] = []
     for path in paths:
         if not path.is_dir():
-            found.append(path)
+            if path.suffix != ".sh":  # a named shell script is scanned, not parsed (shell.py)
+                found.append(path)
             continue
         for folder, dirs, files in os.walk(path):
             here = Path(folder)
@@ -146,24 +147,6 @@ def _syntax_error(display: str, source: str, exc: cst.ParserSyntaxError) -> File
 def _read_only(path: Path) -> bool:
     mode = path.stat().st_mode
     return not (mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) or not os.access(path, os.W_OK)
-
-
-def atomic_write(path: Path, text: str, mode: int | None = None) -> None:
-    """Write via a temporary file in the same folder and os.replace: old or new, never half."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tpukit")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, stat.S_IMODE(mode) if mode is not None else 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def process(job: Job) -> FileResult:

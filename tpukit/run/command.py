@@ -162,7 +162,7 @@ def run_command(request: RunRequest) -> int:
     report = Report("run", findings, [], summary, _summary_line(summary), show_applied=True,
                     excerpts=True)
     if request.json_path is not None:
-        from tpukit.migrate.files import atomic_write
+        from tpukit.atomic import atomic_write
         from tpukit.render.json_format import as_dict
 
         atomic_write(request.json_path, json.dumps(as_dict(report), indent=2) + "\n")
@@ -170,7 +170,7 @@ def run_command(request: RunRequest) -> int:
         _print_summary(summary, sys.stderr)
         render(report, request.fmt, sys.stderr, sys.stderr)
     elif request.output is not None:
-        from tpukit.migrate.files import atomic_write
+        from tpukit.atomic import atomic_write
 
         buffer = io.StringIO()
         render(report, request.fmt, buffer, sys.stderr)

@@ -9,7 +9,9 @@ def load_transforms() -> None:
         checkpoints,
         cuda_only,
         devices,
+        distributed,
         generic,
         hot_loop,
         loops,
+        optimizer_device,
     )

@@ -8,6 +8,9 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
   helper      a function from tpukit.migrate.helpers that `replace` uses
   instead     no rewrite: what to do instead (the finding's message)
   when        a regular expression the call's source must match for the entry to apply
+  before_launch  the `replace` template to use instead in a launcher's scope (the function or
+              top level that calls mp.spawn / torch_xla.launch), where the XLA runtime must
+              not be initialised yet (`before_launch_note`: its note)
 """
 
 from __future__ import annotations
@@ -80,7 +83,11 @@ class CallMap(Transform):
                 )
             self._manual(node, text)
             return None
-        new = self._format(entry["replace"], node)
+        template = entry["replace"]
+        if "before_launch" in entry and self.ctx.in_launcher():
+            template = entry["before_launch"]
+            entry = {**entry, "note": entry.get("before_launch_note", entry.get("note"))}
+        new = self._format(template, node)
 
         def build():
             if "helper" in entry:

@@ -52,6 +52,8 @@ def loader_in_iter(ctx, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, l
 def is_optimizer_step(ctx, call: cst.BaseExpression) -> bool:
     if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)):
         return False
+    if ctx.qualify(call.func) == "torch_xla.core.xla_model.optimizer_step":
+        return True
     if call.func.attr.value != "step":
         return False
     receiver = terminal_name(call.func.value).lower()
@@ -60,6 +62,56 @@ def is_optimizer_step(ctx, call: cst.BaseExpression) -> bool:
     if "scaler" in receiver:  # scaler.step(optimizer): an optimizer step too
         return True
     return "opt" in receiver
+
+
+class _OwnStep(cst.CSTVisitor):
+    """Is a function one training step: an optimizer step outside any loop of its own, and no
+    graph barrier? (A function that loops over batches gets its barriers inside.)"""
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.steps = False
+        self.barrier = False
+        self.loops = 0
+
+    def visit_For(self, node) -> None:
+        self.loops += 1
+
+    def leave_For(self, node) -> None:
+        self.loops -= 1
+
+    def visit_While(self, node) -> None:
+        self.loops += 1
+
+    def leave_While(self, node) -> None:
+        self.loops -= 1
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if is_optimizer_step(self.ctx, node) and not self.loops:
+            self.steps = True
+        name = self.ctx.qualify(node.func)
+        if name in BARRIERS or dotted(node.func) in ("torch_xla.sync", "xm.mark_step"):
+            self.barrier = True
+
+
+def stepping_functions(ctx) -> set[str]:
+    """Functions and methods of this file that step an optimizer and leave the barrier to their
+    caller (`loss = self._run_batch(x, y)` in a trainer's epoch loop is a training step)."""
+    def compute() -> set[str]:
+        names = set()
+        for stmt in ctx.module.body:
+            defs = [stmt] if isinstance(stmt, cst.FunctionDef) else (
+                [s for s in stmt.body.body if isinstance(s, cst.FunctionDef)]
+                if isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock)
+                else [])
+            for function in defs:
+                finder = _OwnStep(ctx)
+                function.visit(finder)
+                if finder.steps and not finder.barrier:
+                    names.add(function.name.value)
+        return names
+
+    return ctx.memo("stepping_functions", compute)
 
 
 class _StepFinder(cst.CSTVisitor):
@@ -86,11 +138,14 @@ class _StepFinder(cst.CSTVisitor):
     def visit_SimpleStatementLine(self, node) -> None:
         self._line = node
 
+    def _calls_stepping(self, node: cst.Call) -> bool:
+        return _calls_stepping_function(self.ctx, node)
+
     def visit_Call(self, node: cst.Call) -> None:
         name = self.ctx.qualify(node.func)
         if name in BARRIERS or dotted(node.func) in ("torch_xla.sync", "xm.mark_step"):
             self.has_barrier = True
-        if is_optimizer_step(self.ctx, node) and self._line is not None:
+        if (is_optimizer_step(self.ctx, node) or self._calls_stepping(node)) and self._line is not None:
             if not self.step_lines or self.step_lines[-1] is not self._line:
                 self.step_lines.append(self._line)
         if "batch" in terminal_name(node.func).lower():
@@ -98,6 +153,13 @@ class _StepFinder(cst.CSTVisitor):
         if (isinstance(node.func, cst.Attribute) and node.func.attr.value in HOST_READS
                 and self.first_host_read is None and self._line is not None):
             self.first_host_read = self._line
+
+
+def _calls_stepping_function(ctx, node: cst.Call) -> bool:
+    func = node.func
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+        return func.attr.value in stepping_functions(ctx)
+    return isinstance(func, cst.Name) and func.value in stepping_functions(ctx)
 
 
 def find_steps(ctx, loop: cst.For | cst.While) -> _StepFinder:

@@ -1,0 +1,56 @@
+"""Shell scripts next to the code: torchrun and `python -m torch.distributed.run|launch`
+command lines start one process per GPU. They are reported (TPU414), never rewritten: a
+launch line encodes cluster choices (hosts, ports, process counts) a person must make."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from tpukit.findings import Finding, Location
+from tpukit.rules import load_rules
+
+CODE = "TPU414"
+_LAUNCH = re.compile(r"(?<![\w-])(torchrun|python[\d.]*\s+-m\s+torch\.distributed\.(?:run|launch))\b")
+_NPROC = re.compile(r"--nproc[_-]per[_-]node[= ](\S+)")
+
+
+def scan_shell(path: Path, display: str) -> list[Finding]:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    rule = load_rules()[CODE]
+    findings = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("#"):
+            continue
+        match = _LAUNCH.search(line)
+        if match is None:
+            continue
+        nproc = _NPROC.search(line)
+        per_node = f" (`--nproc_per_node={nproc.group(1)}` counts GPUs)" if nproc else ""
+        message = (f"`{match.group(1)}` starts one process per GPU{per_node}: on a TPU VM run the "
+                   "script with plain `python` after `tpukit migrate` (torch_xla.launch starts one "
+                   "process per TPU chip), or keep torchrun with `PJRT_DEVICE=TPU` and "
+                   "`--nproc_per_node` set to the chips per host")
+        findings.append(Finding(CODE, rule.severity, message,
+                                Location(display, number, match.start(1) + 1), name=rule.name))
+    return findings
+
+
+def discover_shell(paths: list[Path], excluded, skip_dirs) -> list[Path]:
+    """`*.sh` files named, or under the folders given (the same skips as for Python files)."""
+    found = []
+    for path in paths:
+        if not path.is_dir():
+            if path.suffix == ".sh":
+                found.append(path)
+            continue
+        for folder, dirs, files in os.walk(path):
+            here = Path(folder)
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in skip_dirs
+                             and not excluded(here / d))
+            found += [here / n for n in sorted(files) if n.endswith(".sh") and not excluded(here / n)]
+    return list(dict.fromkeys(found))

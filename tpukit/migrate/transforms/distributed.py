@@ -1,0 +1,419 @@
+"""Distributed training: process groups, DDP and DataParallel, launchers, torchrun ranks,
+samplers, barriers, torch.compile, and the CUDA-only pieces that have a TPU alternative.
+
+torch_xla runs one process per TPU device, like one process per GPU, so a DDP script keeps
+its shape: the process group uses the "xla" backend (`init_method="xla://"` finds the peers
+from the launcher's environment), ranks and world size come from `torch_xla.runtime`, and each
+process's device is `torch_xla.device()`. The launcher must not touch the XLA runtime before
+`torch_xla.launch` (it refuses to start once the runtime is initialised).
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from tpukit.migrate.context import dotted, string_value, terminal_name
+from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
+
+INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
+DDP_NAMES = {"torch.nn.parallel.DistributedDataParallel",
+             "torch.nn.parallel.distributed.DistributedDataParallel"}
+DATA_PARALLEL_NAMES = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+                       "torch.nn.parallel.data_parallel.DataParallel"}
+SPAWN_NAMES = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn"}
+SAMPLER_NAMES = {"torch.utils.data.distributed.DistributedSampler",
+                 "torch.utils.data.DistributedSampler"}
+RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT")
+RANK_ENV = {
+    "LOCAL_RANK": "xr.local_ordinal()",
+    "RANK": "xr.global_ordinal()",
+    "WORLD_SIZE": "xr.world_size()",
+    "LOCAL_WORLD_SIZE": "xr.local_device_count()",
+}
+# Names that hold a process's rank (used as a CUDA device index) in DDP code.
+RANK_NAMES = {"rank", "local_rank", "global_rank", "gpu_id", "gpu", "device_id", "local_gpu"}
+WORLD_NAMES = {"world_size", "world", "nprocs", "ngpus", "n_gpus", "num_gpus", "ngpus_per_node"}
+COMPILE_MODES_WITHOUT_MEANING = {"reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}
+_RANK_ASSIGN = re.compile(
+    r"(\w+)\s*=\s*(?:int\(\s*os\.environ\[\s*['\"](?:LOCAL_RANK|RANK)['\"]\s*\]\s*\)"
+    r"|(?:\w+\.)*get_rank\(\)|xr\.(?:local|global)_ordinal\(\))")
+_SPAWNED = re.compile(r"\b(?:spawn|launch)\(\s*(\w+)")
+_DATA_PARALLEL_ASSIGN = re.compile(r"([\w.]+)\s*=\s*(?:[\w.]+\.)?(?<!Distributed)DataParallel\(")
+
+
+def env_key(ctx, expr: cst.BaseExpression) -> tuple[str | None, bool]:
+    """("LOCAL_RANK", has_default) for `os.environ["LOCAL_RANK"]`, `os.environ.get(...)`,
+    `os.getenv(...)`; (None, False) otherwise."""
+    if isinstance(expr, cst.Subscript) and ctx.qualify(expr.value) == "os.environ":
+        if len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
+            return string_value(expr.slice[0].slice.value), False
+    if isinstance(expr, cst.Call) and ctx.qualify(expr.func) in ("os.environ.get", "os.getenv"):
+        if expr.args:
+            return string_value(expr.args[0].value), len(expr.args) > 1
+    return None, False
+
+
+def _kwarg(call: cst.Call, name: str) -> cst.Arg | None:
+    return next((a for a in call.args if a.keyword and a.keyword.value == name), None)
+
+
+def _arg(name: str, value: str, ctx) -> cst.Arg:
+    return cst.Arg(keyword=cst.Name(name), value=ctx.expr(value),
+                   equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+
+
+def _args_line(args: list[cst.Arg]) -> list[cst.Arg]:
+    """Commas between arguments, none after the last (arguments kept from a longer call)."""
+    out = []
+    for i, arg in enumerate(args):
+        last = i == len(args) - 1
+        comma = cst.MaybeSentinel.DEFAULT if last else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        out.append(arg.with_changes(comma=comma))
+    return out
+
+
+def rank_names(ctx) -> set[str]:
+    """Names that hold the process's rank in this file: the usual names, names assigned from
+    torchrun's variables or get_rank(), and the first parameter of a spawned function."""
+    def compute() -> set[str]:
+        names = set(RANK_NAMES) | {m.group(1) for m in _RANK_ASSIGN.finditer(ctx.source)}
+        for fn in _SPAWNED.findall(ctx.source):
+            match = re.search(rf"def {re.escape(fn)}\(\s*(\w+)", ctx.source)
+            if match:
+                names.add(match.group(1))
+        return names
+
+    return ctx.memo("rank_names", compute)
+
+
+@transform("TPU401")
+class ProcessGroup(Transform):
+    def visit_Call(self, node: cst.Call):
+        if self.ctx.qualify(node.func) != INIT_PROCESS_GROUP:
+            return None
+        backend = node.args[0] if node.args and node.args[0].keyword is None else _kwarg(node, "backend")
+        if backend is not None and string_value(backend.value) == "xla":
+            return None
+        kept = [a for a in node.args if a.keyword and a.keyword.value not in (
+            "backend", "init_method", "rank", "world_size", "store")]
+        func = self.ctx.code(node.func)
+
+        def build():
+            self.ctx.side_effect_imports.add("torch_xla.distributed.xla_backend")
+            call = self.ctx.expr(f'{func}("xla", init_method="xla://")')
+            return call.with_changes(args=_args_line(list(call.args) + kept))
+
+        return self.fix_or_report(
+            node, f"`{self.ctx.short(node)}`: the process group uses the XLA backend; "
+            '`init_method="xla://"` takes rank and world size from the launcher '
+            "(torch_xla.launch or torchrun)", build)
+
+    def visit_Assign(self, node: cst.Assign):
+        """`os.environ["MASTER_PORT"] = "12355"`: set-up only the CUDA process group needed."""
+        if len(node.targets) != 1 or "init_process_group" not in self.ctx.source:
+            return None
+        key, _ = env_key(self.ctx, node.targets[0].target)
+        return self._remove_rendezvous(node, key)
+
+    def visit_Expr(self, node: cst.Expr):
+        call = node.value
+        if (isinstance(call, cst.Call) and self.ctx.qualify(call.func) == "os.environ.setdefault"
+                and call.args and "init_process_group" in self.ctx.source):
+            return self._remove_rendezvous(call, string_value(call.args[0].value))
+        return None
+
+    def _remove_rendezvous(self, node: cst.CSTNode, key: str | None):
+        if key not in RENDEZVOUS_ENV:
+            return None
+        text = self.ctx.short(node)
+        return self.fix_or_report(
+            node, f"`{text}` is removed: the XLA process group (`init_method=\"xla://\"`) finds "
+            "its peers without MASTER_ADDR/MASTER_PORT",
+            lambda: StatementPlan([], f'removed "{text}": init_method="xla://" needs no '
+                                      "MASTER_ADDR/MASTER_PORT"))
+
+
+@transform("TPU402")
+class DistributedDataParallelArgs(Transform):
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        if self.ctx.qualify(original.func) not in DDP_NAMES or not original.args:
+            return None
+        dropped = [a for a in updated.args[1:] if (a.keyword is None and a is updated.args[1])
+                   or (a.keyword and a.keyword.value in ("device_ids", "output_device"))]
+        bucket = _kwarg(original, "gradient_as_bucket_view")
+        if not dropped and bucket is not None:
+            return None
+
+        def build():
+            args = [a for a in updated.args if a not in dropped]
+            if bucket is None:
+                args.append(_arg("gradient_as_bucket_view", "True", self.ctx))
+            return updated.with_changes(args=_args_line(args))
+
+        return self.fix_or_report(
+            original, f"`{self.ctx.short(original)}`: an XLA process has one device, so there are "
+            "no device_ids; `gradient_as_bucket_view=True` saves a copy of every gradient", build)
+
+
+@transform("TPU403")
+class DataParallel(Transform):
+    def _wrapped_names(self) -> set[str]:
+        return self.ctx.memo("data_parallel_names",
+                             lambda: set(_DATA_PARALLEL_ASSIGN.findall(self.ctx.source)))
+
+    def _message(self, node) -> str:
+        return (f"`{self.ctx.short(node)}` runs one process over all GPUs; on TPU each device "
+                "gets its own process: the model is used as it is (launch with torch_xla.launch "
+                "and wrap it in DDP for several devices)")
+
+    def visit_Assign(self, node: cst.Assign):
+        value = node.value
+        if not (isinstance(value, cst.Call) and self.ctx.qualify(value.func) in DATA_PARALLEL_NAMES
+                and value.args and len(node.targets) == 1):
+            return None
+        if self.ctx.code(node.targets[0].target) != self.ctx.code(value.args[0].value):
+            return None  # `dp = DataParallel(model)`: the call itself is rewritten below
+        text = self.ctx.short(node)
+        return self.fix_or_report(value, self._message(value), lambda: StatementPlan(
+            [], f'removed "{text}": one process per TPU device'))
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        if self.ctx.qualify(original.func) not in DATA_PARALLEL_NAMES or not original.args:
+            return None
+        return self.fix_or_report(original, self._message(original), lambda: updated.args[0].value)
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
+        """`model.module` of a model that was wrapped in DataParallel is the model itself."""
+        if original.attr.value != "module" or "DataParallel" not in self.ctx.source:
+            return None
+        if self.ctx.code(original.value) not in self._wrapped_names():
+            return None
+        if not self.ctx.can_fix(self.rule):
+            return None
+        return updated.value
+
+
+@transform("TPU404")
+class SpawnLaunch(Transform):
+    @staticmethod
+    def extra_triggers(source: str) -> set[str]:
+        return set(_SPAWNED.findall(source))  # the spawned function's own statement
+
+    def visit_Call(self, node: cst.Call):
+        if self.ctx.qualify(node.func) not in SPAWN_NAMES or not node.args:
+            return None
+        positional = [a for a in node.args if a.keyword is None]
+        fn = positional[0]
+        args = _kwarg(node, "args") or (positional[1] if len(positional) > 1 else None)
+        start = _kwarg(node, "start_method")
+
+        def build():
+            parts = [self.ctx.code(fn.value)]
+            if args is not None:
+                parts.append(f"args={self.ctx.code(args.value)}")
+            if start is not None:
+                parts.append(f"start_method={self.ctx.code(start.value)}")
+            return self.ctx.expr(f"torch_xla.launch({', '.join(parts)})")
+
+        return self.fix_or_report(
+            node, f"`{self.ctx.short(node)}`: `torch_xla.launch` starts one process per TPU "
+            "device (nprocs comes from the runtime); the launcher must not use the XLA device "
+            "before it", build)
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):
+        """In the spawned function, a world-size parameter is the launcher's guess (it cannot ask
+        the runtime): take the real one from torch_xla."""
+        spawned = self.ctx.memo("spawned", lambda: set(_SPAWNED.findall(self.ctx.source)))
+        if original.name.value not in spawned or not self.ctx.can_fix(self.rule):
+            return None
+        params = [p.name.value for p in original.params.params]
+        world = next((p for p in params[1:] if p in WORLD_NAMES), None)
+        if world is None or not isinstance(updated.body, cst.IndentedBlock):
+            return None
+        line = self.ctx.statement(f"{world} = xr.world_size()")
+        statement = cst.SimpleStatementLine(
+            [line], trailing_whitespace=cst.TrailingWhitespace(
+                whitespace=cst.SimpleWhitespace("  "),
+                comment=cst.Comment("# tpukit: from the runtime; the launcher cannot ask it")))
+        body = list(updated.body.body)
+        first = 1 if body and _is_docstring(body[0]) else 0
+        body.insert(first, statement)
+        return updated.with_changes(body=updated.body.with_changes(body=body))
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+            and isinstance(stmt.body[0], cst.Expr)
+            and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
+
+
+@transform("TPU405")
+class TorchrunRanks(Transform):
+    @staticmethod
+    def extra_triggers(source: str) -> set[str]:
+        names = {m.group(1) for m in _RANK_ASSIGN.finditer(source)}
+        for fn in _SPAWNED.findall(source):
+            match = re.search(rf"def {re.escape(fn)}\(\s*(\w+)", source)
+            if match:
+                names.add(match.group(1))
+        return names
+
+    def visit_Call(self, node: cst.Call):
+        # int(os.environ["LOCAL_RANK"]) -> xr.local_ordinal()
+        if dotted(node.func) == "int" and len(node.args) == 1:
+            key, has_default = env_key(self.ctx, node.args[0].value)
+            if key in RANK_ENV and not has_default:
+                return self._replace(node, key)
+            return None
+        # .to(rank) / torch.device(rank): a rank used as a CUDA device index
+        name = self.ctx.qualify(node.func)
+        is_to = isinstance(node.func, cst.Attribute) and node.func.attr.value == "to"
+        if (is_to or name == "torch.device") and len(node.args) == 1 and node.args[0].keyword is None:
+            value = node.args[0].value
+            if isinstance(value, (cst.Name, cst.Attribute)) and terminal_name(value) in rank_names(self.ctx):
+                return self._rank_device(node, value, is_to)
+        return None
+
+    def _replace(self, node: cst.Call, key: str):
+        new = RANK_ENV[key]
+        return self.fix_or_report(
+            node, f"`{self.ctx.short(node)}` -> `{new}`: torch_xla knows the process's "
+            "rank and world size (under torch_xla.launch and torchrun alike)",
+            lambda: self.ctx.expr(new))
+
+    def _rank_device(self, node: cst.Call, value, is_to: bool):
+        def build():
+            if not is_to:  # a device built here: never the variable it may be assigned to
+                return self.ctx.expr("torch_xla.device()")
+            device = self.ctx.device_expr()
+            return node.with_changes(args=[node.args[0].with_changes(value=device)])
+
+        return self.fix_or_report(
+            node, f"`{self.ctx.short(node)}` uses the rank `{self.ctx.code(value)}` as a CUDA "
+            "device index; each XLA process has one device, `torch_xla.device()`", build)
+
+
+@transform("TPU406")
+class SamplerReplicas(Transform):
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        if self.ctx.qualify(original.func) not in SAMPLER_NAMES or not original.args:
+            return None
+        replicas, rank = _kwarg(original, "num_replicas"), _kwarg(original, "rank")
+        if (replicas is not None and rank is not None and self.ctx.code(replicas.value) == "xr.world_size()"
+                and self.ctx.code(rank.value) == "xr.global_ordinal()"):
+            return None
+        positional = [a for a in updated.args if a.keyword is None]
+
+        def build():
+            args = [positional[0]] + [a for a in updated.args if a.keyword is not None
+                                      and a.keyword.value not in ("num_replicas", "rank")]
+            args.insert(1, _arg("num_replicas", "xr.world_size()", self.ctx))
+            args.insert(2, _arg("rank", "xr.global_ordinal()", self.ctx))
+            return updated.with_changes(args=_args_line(args))
+
+        return self.fix_or_report(
+            original, f"`{self.ctx.short(original)}`: each process reads its shard; the replica "
+            "count and rank come from torch_xla's runtime", build)
+
+
+@transform("TPU408")
+class CompileBackend(Transform):
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        if self.ctx.qualify(original.func) != "torch.compile":
+            return None
+        backend = _kwarg(original, "backend")
+        if backend is not None and string_value(backend.value) == "openxla":
+            return None
+        mode = _kwarg(original, "mode")
+        dropped = ""
+        if mode is not None:
+            value = string_value(mode.value)
+            dropped = (f"; `mode={self.ctx.code(mode.value)}` is dropped: "
+                       + ("CUDA graphs and Triton autotuning do not exist on XLA"
+                          if value in COMPILE_MODES_WITHOUT_MEANING or value is None
+                          else "XLA compiles the whole graph the same way whatever the mode"))
+
+        def build():
+            args = [a for a in updated.args if not (a.keyword and a.keyword.value in ("backend", "mode"))]
+            args.append(_arg("backend", '"openxla"', self.ctx))
+            return updated.with_changes(args=_args_line(args))
+
+        return self.fix_or_report(
+            original, f"`{self.ctx.short(original)}`: on TPU, torch.compile lowers through "
+            f'torch_xla (`backend="openxla"`){dropped}', build)
+
+    def leave_Decorator(self, original: cst.Decorator, updated: cst.Decorator):
+        if self.ctx.qualify(original.decorator) != "torch.compile":
+            return None  # `@torch.compile(...)` is a call: leave_Call above
+        return self.fix_or_report(
+            original.decorator, "`@torch.compile`: on TPU, torch.compile lowers through torch_xla "
+            '(`backend="openxla"`)',
+            lambda: updated.with_changes(decorator=self.ctx.expr(
+                f'{self.ctx.code(original.decorator)}(backend="openxla")')))
+
+
+_OPTIMIZER_ASSIGN = re.compile(r"(\w+)\s*=\s*(?:torch\.)?optim\.\w+\(")
+
+
+@transform("TPU409")
+class OptimizerStepWithoutDdp(Transform):
+    """Several processes and no DDP: gradients must be averaged across them, which
+    `xm.optimizer_step` does before the step."""
+
+    def _applies(self) -> bool:
+        def compute() -> bool:
+            source = self.ctx.source
+            multi = "init_process_group" in source or bool(_SPAWNED.search(source))
+            return multi and "DistributedDataParallel" not in source and "DDP(" not in source
+        return self.ctx.memo("optimizer_step_without_ddp", compute)
+
+    def visit_Expr(self, node: cst.Expr):
+        call = node.value
+        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+                and call.func.attr.value == "step" and not call.args
+                and isinstance(call.func.value, cst.Name) and self._applies()):
+            return None
+        name = call.func.value.value
+        optimizers = self.ctx.memo("optimizer_names",
+                                   lambda: set(_OPTIMIZER_ASSIGN.findall(self.ctx.source)))
+        if name not in optimizers:
+            return None
+        return self.fix_or_report(
+            call, f"`{self.ctx.short(call)}` in a multi-process script without DDP: "
+            f"`xm.optimizer_step({name})` averages the gradients across processes, then steps",
+            lambda: StatementPlan([self.ctx.statement(f"xm.optimizer_step({name})")]))
+
+    def visit_Call(self, node: cst.Call):
+        """A hand-written gradient all-reduce: xm.optimizer_step already does it."""
+        if self.ctx.qualify(node.func) != "torch.distributed.all_reduce" or not self._applies():
+            return None
+        if not node.args or "grad" not in self.ctx.code(node.args[0].value):
+            return None
+        self.ctx.report(self.rule, node, f"`{self.ctx.short(node)}`: `xm.optimizer_step` averages "
+                        "gradients across processes already; remove this hand-written reduction "
+                        "(kept, it only costs time: a mean of equal values)", applied=False,
+                        fix=None)
+        return None
+
+
+@transform("TPU413")
+class NcclEnv(Transform):
+    def visit_Assign(self, node: cst.Assign):
+        if len(node.targets) != 1:
+            return None
+        key, _ = env_key(self.ctx, node.targets[0].target)
+        return self._report(node, key)
+
+    def visit_Call(self, node: cst.Call):
+        if self.ctx.qualify(node.func) == "os.environ.setdefault" and node.args:
+            return self._report(node, string_value(node.args[0].value))
+        return None
+
+    def _report(self, node, key: str | None):
+        if key and key.startswith("NCCL_"):
+            self.ctx.report(self.rule, node, f"`{key}` configures NCCL, which TPUs do not use: "
+                            "remove it (XLA collectives run over the TPU interconnect; tune them "
+                            "with LIBTPU_INIT_ARGS / XLA_FLAGS if you must)", applied=False)
+        return None
