@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 # Migrate a nanoGPT-style CUDA script into demo/, show the diff, run it on XLA:CPU.
 demo: $(STAMP)

@@ -115,3 +115,27 @@ def test_fail_on_names_only_what_happened():
     analysis = analyse(_probe_with(steps), warmup=2, script="train.py")
     assert analysis.failures(["recompile", "fallback", "sync"]) == []
     assert analysis.summary["steps"] == 4 and analysis.summary["steady_steps"] == 2
+
+
+def test_an_explicit_pjrt_device_wins():
+    from tpukit.run.command import choose_device
+
+    env = {"PJRT_DEVICE": "TPU"}
+    assert choose_device(env) is None and env == {"PJRT_DEVICE": "TPU"}
+
+
+def test_without_a_tpu_the_run_goes_to_xla_cpu_with_a_notice(monkeypatch):
+    from tpukit.run import command
+
+    monkeypatch.setattr(command, "glob", lambda pattern: [])
+    env: dict = {}
+    assert "XLA:CPU" in command.choose_device(env) and env["PJRT_DEVICE"] == "CPU"
+
+
+def test_with_tpu_chips_and_libtpu_the_run_goes_to_the_tpu(monkeypatch):
+    from tpukit.run import command
+
+    monkeypatch.setattr(command, "glob", lambda pattern: ["/dev/accel0"] if "accel" in pattern else [])
+    monkeypatch.setattr(command.importlib.util, "find_spec", lambda name: object())
+    env: dict = {}
+    assert command.choose_device(env) is None and env["PJRT_DEVICE"] == "TPU"
