@@ -178,13 +178,7 @@ def run_command(request: RunRequest) -> int:
     else:
         sys.stdout.flush()
         render(report, request.fmt, sys.stdout, sys.stderr)
-    if outcome.kind == "interrupted":
-        # Leave at once, as the report is out: interpreter teardown after a Ctrl-C that landed
-        # inside torch_xla can wait on work the runtime will never finish.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(outcome.exit_code)
-    if outcome.kind in ("error", "exit") and outcome.exit_code != 0:
+    if outcome.kind in ("error", "exit", "interrupted") and outcome.exit_code != 0:
         return outcome.exit_code
     return 1 if failed else 0
 
