@@ -159,6 +159,10 @@ class DistributedDataParallelArgs(Transform):
 
 @transform("TPU403")
 class DataParallel(Transform):
+    @staticmethod
+    def extra_triggers(source: str) -> set[str]:
+        return {".module"} if _DATA_PARALLEL_ASSIGN.search(source) else set()
+
     def _wrapped_names(self) -> set[str]:
         return self.ctx.memo("data_parallel_names",
                              lambda: set(_DATA_PARALLEL_ASSIGN.findall(self.ctx.source)))
@@ -205,7 +209,9 @@ class SpawnLaunch(Transform):
         if self.ctx.qualify(node.func) not in SPAWN_NAMES or not node.args:
             return None
         positional = [a for a in node.args if a.keyword is None]
-        fn = positional[0]
+        fn = positional[0] if positional else _kwarg(node, "fn")
+        if fn is None:
+            return None
         args = _kwarg(node, "args") or (positional[1] if len(positional) > 1 else None)
         start = _kwarg(node, "start_method")
 
@@ -253,12 +259,13 @@ def _is_docstring(stmt: cst.CSTNode) -> bool:
 class TorchrunRanks(Transform):
     @staticmethod
     def extra_triggers(source: str) -> set[str]:
+        """`.to(NAME` and `device(NAME` for the rank names this file assigns or spawns with."""
         names = {m.group(1) for m in _RANK_ASSIGN.finditer(source)}
         for fn in _SPAWNED.findall(source):
             match = re.search(rf"def {re.escape(fn)}\(\s*(\w+)", source)
             if match:
                 names.add(match.group(1))
-        return names
+        return {f"{prefix}{name}" for name in names for prefix in (".to(", "device(", ".to(self.")}
 
     def visit_Call(self, node: cst.Call):
         # int(os.environ["LOCAL_RANK"]) -> xr.local_ordinal()
@@ -304,11 +311,13 @@ class SamplerReplicas(Transform):
         if (replicas is not None and rank is not None and self.ctx.code(replicas.value) == "xr.world_size()"
                 and self.ctx.code(rank.value) == "xr.global_ordinal()"):
             return None
-        positional = [a for a in updated.args if a.keyword is None]
+        dataset = next((a for a in updated.args if a.keyword is None), None) or _kwarg(updated, "dataset")
+        if dataset is None:
+            return None
 
         def build():
-            args = [positional[0]] + [a for a in updated.args if a.keyword is not None
-                                      and a.keyword.value not in ("num_replicas", "rank")]
+            args = [dataset] + [a for a in updated.args if a.keyword is not None
+                                and a.keyword.value not in ("num_replicas", "rank", "dataset")]
             args.insert(1, _arg("num_replicas", "xr.world_size()", self.ctx))
             args.insert(2, _arg("rank", "xr.global_ordinal()", self.ctx))
             return updated.with_changes(args=_args_line(args))

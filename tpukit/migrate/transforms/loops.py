@@ -94,24 +94,32 @@ class _OwnStep(cst.CSTVisitor):
             self.barrier = True
 
 
-def stepping_functions(ctx) -> set[str]:
-    """Functions and methods of this file that step an optimizer and leave the barrier to their
-    caller (`loss = self._run_batch(x, y)` in a trainer's epoch loop is a training step)."""
-    def compute() -> set[str]:
-        names = set()
+def is_stepping_function(ctx, name: str) -> bool:
+    """Does this file define a function or method `name` that is one training step (steps an
+    optimizer and leaves the barrier to its caller: `loss = self._run_batch(x, y)` in a
+    trainer's epoch loop)? Only the named function is scanned, once per file."""
+    def definitions() -> dict[str, list[cst.FunctionDef]]:
+        found: dict[str, list[cst.FunctionDef]] = {}
+        if ".step(" not in ctx.source and "optimizer_step" not in ctx.source:
+            return found  # nothing steps an optimizer in this file
         for stmt in ctx.module.body:
             defs = [stmt] if isinstance(stmt, cst.FunctionDef) else (
                 [s for s in stmt.body.body if isinstance(s, cst.FunctionDef)]
                 if isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock)
                 else [])
             for function in defs:
-                finder = _OwnStep(ctx)
-                function.visit(finder)
-                if finder.steps and not finder.barrier:
-                    names.add(function.name.value)
-        return names
+                found.setdefault(function.name.value, []).append(function)
+        return found
 
-    return ctx.memo("stepping_functions", compute)
+    def scan() -> bool:
+        for function in ctx.memo("function_defs", definitions).get(name, ()):
+            finder = _OwnStep(ctx)
+            function.visit(finder)
+            if finder.steps and not finder.barrier:
+                return True
+        return False
+
+    return ctx.memo(("stepping", name), scan)
 
 
 class _StepFinder(cst.CSTVisitor):
@@ -158,8 +166,8 @@ class _StepFinder(cst.CSTVisitor):
 def _calls_stepping_function(ctx, node: cst.Call) -> bool:
     func = node.func
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-        return func.attr.value in stepping_functions(ctx)
-    return isinstance(func, cst.Name) and func.value in stepping_functions(ctx)
+        return is_stepping_function(ctx, func.attr.value)
+    return isinstance(func, cst.Name) and is_stepping_function(ctx, func.value)
 
 
 def find_steps(ctx, loop: cst.For | cst.While) -> _StepFinder:
