@@ -120,6 +120,8 @@ def run_command(request: RunRequest) -> int:
     try:
         import torch_xla  # noqa: F401  (the runtime the script will use)
     except ImportError as exc:
+        if ours and log_path is not None:
+            log_path.unlink(missing_ok=True)
         raise UsageError(f"torch_xla is not importable ({exc}): pip install 'tpukit[xla]'") from exc
     idioms = cuda_check_result(check) if check is not None else []
     cuda = [_cuda_finding(request.script, idioms)] if idioms else []
