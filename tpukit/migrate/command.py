@@ -46,6 +46,14 @@ def _base_of(paths: list[Path]) -> Path:
     return Path(os.path.commonpath([str(f) for f in folders]))
 
 
+def _selection(request: MigrateRequest) -> tuple[list[str], list[str]]:
+    """(select, ignore) prefixes. The command line wins: its --select replaces the config's
+    select and ignore (as ruff)."""
+    if request.select:
+        return request.select, request.ignore
+    return request.config.select, request.ignore or request.config.ignore
+
+
 def build_jobs(request: MigrateRequest) -> list[Job]:
     missing = [str(p) for p in request.paths if not p.exists() and not p.is_symlink()]
     if missing:
@@ -58,11 +66,7 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
     files = discover(request.paths, exclude, cfg.root)
     if request.out_dir is not None:
         files = [f for f in files if out not in f.resolve().parents]
-    # The command line wins: its --select replaces the config's select and ignore (as ruff).
-    if request.select:
-        rules = select_rules(request.select, request.ignore)
-    else:
-        rules = select_rules(cfg.select, request.ignore or cfg.ignore)
+    rules = select_rules(*_selection(request))
     codes = tuple(r.code for r in rules)
     base = _base_of(request.paths)
     return [
@@ -127,17 +131,14 @@ def summarize(request: MigrateRequest, results: list[FileResult],
 
 def shell_findings(request: MigrateRequest) -> tuple[list, int]:
     """TPU414 over the *.sh files named or under the folders given, if selected."""
-    from tpukit.migrate.files import SKIP_DIRS, _excluded
-    from tpukit.migrate.shell import CODE, discover_shell, scan_shell
+    from tpukit.migrate.shell import CODE, scan_shell
 
-    cfg = request.config
-    select = request.select or cfg.select
-    ignore = request.ignore or ([] if request.select else cfg.ignore)
+    select, ignore = _selection(request)
     if (select and not any(CODE.startswith(p) for p in select)) or any(
             CODE.startswith(p) for p in ignore):
         return [], 0
-    scripts = discover_shell(request.paths, lambda p: _excluded(p, list(cfg.exclude), cfg.root),
-                             SKIP_DIRS)
+    cfg = request.config
+    scripts = discover(request.paths, list(cfg.exclude), cfg.root, suffix=".sh")
     return [f for s in scripts for f in scan_shell(s, display_path(s))], len(scripts)
 
 

@@ -71,12 +71,13 @@ def _excluded(path: Path, patterns: list[str], root: Path) -> bool:
     return False
 
 
-def discover(paths: list[Path], exclude: list[str], root: Path) -> list[Path]:
-    """Python files under `paths`, sorted; named files are taken as they are (like ruff)."""
+def discover(paths: list[Path], exclude: list[str], root: Path, suffix: str = ".py") -> list[Path]:
+    """Python files (or `suffix` ones) under `paths`, sorted; named files are taken as they are
+    (like ruff), except that shell scripts go to the shell scan (shell.py) and only there."""
     found: list[Path] = []
     for path in paths:
         if not path.is_dir():
-            if path.suffix != ".sh":  # a named shell script is scanned, not parsed (shell.py)
+            if (path.suffix == ".sh") == (suffix == ".sh"):
                 found.append(path)
             continue
         for folder, dirs, files in os.walk(path):
@@ -90,7 +91,7 @@ def discover(paths: list[Path], exclude: list[str], root: Path) -> list[Path]:
             )
             for name in sorted(files):
                 candidate = here / name
-                if name.endswith(".py") and not _excluded(candidate, exclude, root):
+                if name.endswith(suffix) and not _excluded(candidate, exclude, root):
                     found.append(candidate)
     unique = dict.fromkeys(found)
     return list(unique)

@@ -4,7 +4,6 @@ launch line encodes cluster choices (hosts, ports, process counts) a person must
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -38,19 +37,3 @@ def scan_shell(path: Path, display: str) -> list[Finding]:
         findings.append(Finding(CODE, rule.severity, message,
                                 Location(display, number, match.start(1) + 1), name=rule.name))
     return findings
-
-
-def discover_shell(paths: list[Path], excluded, skip_dirs) -> list[Path]:
-    """`*.sh` files named, or under the folders given (the same skips as for Python files)."""
-    found = []
-    for path in paths:
-        if not path.is_dir():
-            if path.suffix == ".sh":
-                found.append(path)
-            continue
-        for folder, dirs, files in os.walk(path):
-            here = Path(folder)
-            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in skip_dirs
-                             and not excluded(here / d))
-            found += [here / n for n in sorted(files) if n.endswith(".sh") and not excluded(here / n)]
-    return list(dict.fromkeys(found))

@@ -115,8 +115,7 @@ def run_command(request: RunRequest) -> int:
         log_path, ours = _debug_log_path(os.environ)
         os.environ["PT_XLA_DEBUG_LEVEL"] = "2"
         os.environ["PT_XLA_DEBUG_FILE"] = str(log_path)
-        log = DebugLog(log_path)
-        log._offset = log_path.stat().st_size if log_path.exists() and not ours else 0
+        log = DebugLog(log_path, skip_existing=not ours)
     try:
         import torch_xla  # noqa: F401  (the runtime the script will use)
     except ImportError as exc:

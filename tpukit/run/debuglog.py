@@ -43,9 +43,11 @@ class GraphEvent:
 
 
 class DebugLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, skip_existing: bool = False) -> None:
+        """`skip_existing`: start at the file's current end (a file the user named, with
+        earlier runs in it)."""
         self.path = path
-        self._offset = 0
+        self._offset = path.stat().st_size if skip_existing and path.exists() else 0
         self._stream = None
         self._pending: dict[str, list[str]] = {"compile": [], "execute": []}
 

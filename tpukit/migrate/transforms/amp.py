@@ -10,7 +10,14 @@ import re
 
 import libcst as cst
 
-from tpukit.migrate.context import dotted, string_value, terminal_name
+from tpukit.migrate.context import (
+    dotted,
+    find_keyword,
+    keyword_arg,
+    string_value,
+    terminal_name,
+    with_commas,
+)
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
 
 CUDA_AUTOCAST = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
@@ -30,25 +37,9 @@ _TIE = re.compile(r"self\.[\w.]+\.weight\s*=\s*self\.[\w.]+\.weight")
 _SCALER_ASSIGN = re.compile(r"(\w+)\s*(?::[^=\n]+)?=\s*[\w.]*GradScaler\s*\(")
 
 
-def _keyword(call: cst.Call, name: str) -> cst.Arg | None:
-    return next((a for a in call.args if a.keyword and a.keyword.value == name), None)
-
-
 def _arg(value: str | cst.BaseExpression, keyword: str | None = None) -> cst.Arg:
     expr = cst.parse_expression(value) if isinstance(value, str) else value
-    if keyword is None:
-        return cst.Arg(expr)
-    return cst.Arg(expr, keyword=cst.Name(keyword), equal=cst.AssignEqual(
-        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
-
-
-def _with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
-    out = []
-    for i, arg in enumerate(args):
-        last = i == len(args) - 1
-        out.append(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT if last else cst.Comma(
-            whitespace_after=cst.SimpleWhitespace(" "))))
-    return out
+    return cst.Arg(expr) if keyword is None else keyword_arg(keyword, expr)
 
 
 @transform("TPU201")
@@ -65,17 +56,17 @@ class Autocast(Transform):
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         name = self.ctx.qualify(original.func)
         if name in CUDA_AUTOCAST:
-            enabled = _keyword(updated, "enabled")
+            enabled = find_keyword(updated, "enabled")
             if enabled is None and updated.args and updated.args[0].keyword is None:
                 enabled = _arg(updated.args[0].value, "enabled")
             kept = [a for a in updated.args if a.keyword and a.keyword.value == "cache_enabled"]
             return self._rewrite(original, updated, [enabled, *kept])
         if name not in DEVICE_AUTOCAST:
             return None
-        device = _keyword(original, "device_type")
+        device = find_keyword(original, "device_type")
         positional = [a for a in original.args if a.keyword is None]
         device_expr = device.value if device else (positional[0].value if positional else None)
-        dtype = _keyword(original, "dtype")
+        dtype = find_keyword(original, "dtype")
         if device_expr is None:
             return None
         literal = string_value(device_expr)
@@ -104,7 +95,7 @@ class Autocast(Transform):
             args = [_arg('"xla"'), _arg(f"{torch}.bfloat16", "dtype")]
             args += [a for a in kept if a is not None]
             return updated.with_changes(
-                func=cst.parse_expression(f"{torch}.autocast"), args=_with_commas(args)
+                func=cst.parse_expression(f"{torch}.autocast"), args=with_commas(args)
             )
 
         return self.fix_or_report(

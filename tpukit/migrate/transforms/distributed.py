@@ -14,7 +14,14 @@ import re
 
 import libcst as cst
 
-from tpukit.migrate.context import dotted, string_value, terminal_name
+from tpukit.migrate.context import (
+    dotted,
+    find_keyword,
+    keyword_arg,
+    string_value,
+    terminal_name,
+    with_commas,
+)
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
 
 INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
@@ -55,37 +62,24 @@ def env_key(ctx, expr: cst.BaseExpression) -> tuple[str | None, bool]:
     return None, False
 
 
-def _kwarg(call: cst.Call, name: str) -> cst.Arg | None:
-    return next((a for a in call.args if a.keyword and a.keyword.value == name), None)
-
-
 def _arg(name: str, value: str, ctx) -> cst.Arg:
-    return cst.Arg(keyword=cst.Name(name), value=ctx.expr(value),
-                   equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+    return keyword_arg(name, ctx.expr(value))
 
 
-def _args_line(args: list[cst.Arg]) -> list[cst.Arg]:
-    """Commas between arguments, none after the last (arguments kept from a longer call)."""
-    out = []
-    for i, arg in enumerate(args):
-        last = i == len(args) - 1
-        comma = cst.MaybeSentinel.DEFAULT if last else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-        out.append(arg.with_changes(comma=comma))
-    return out
+def file_rank_names(source: str) -> set[str]:
+    """Names this file gives the rank: assigned from torchrun's variables or get_rank(), and
+    the first parameter of a spawned function."""
+    names = {m.group(1) for m in _RANK_ASSIGN.finditer(source)}
+    for fn in _SPAWNED.findall(source):
+        match = re.search(rf"def {re.escape(fn)}\(\s*(\w+)", source)
+        if match:
+            names.add(match.group(1))
+    return names
 
 
 def rank_names(ctx) -> set[str]:
-    """Names that hold the process's rank in this file: the usual names, names assigned from
-    torchrun's variables or get_rank(), and the first parameter of a spawned function."""
-    def compute() -> set[str]:
-        names = set(RANK_NAMES) | {m.group(1) for m in _RANK_ASSIGN.finditer(ctx.source)}
-        for fn in _SPAWNED.findall(ctx.source):
-            match = re.search(rf"def {re.escape(fn)}\(\s*(\w+)", ctx.source)
-            if match:
-                names.add(match.group(1))
-        return names
-
-    return ctx.memo("rank_names", compute)
+    """Names that hold the process's rank in this file: the usual names and the file's own."""
+    return ctx.memo("rank_names", lambda: set(RANK_NAMES) | file_rank_names(ctx.source))
 
 
 @transform("TPU401")
@@ -93,7 +87,7 @@ class ProcessGroup(Transform):
     def visit_Call(self, node: cst.Call):
         if self.ctx.qualify(node.func) != INIT_PROCESS_GROUP:
             return None
-        backend = node.args[0] if node.args and node.args[0].keyword is None else _kwarg(node, "backend")
+        backend = node.args[0] if node.args and node.args[0].keyword is None else find_keyword(node, "backend")
         if backend is not None and string_value(backend.value) == "xla":
             return None
         kept = [a for a in node.args if a.keyword and a.keyword.value not in (
@@ -103,7 +97,7 @@ class ProcessGroup(Transform):
         def build():
             self.ctx.side_effect_imports.add("torch_xla.distributed.xla_backend")
             call = self.ctx.expr(f'{func}("xla", init_method="xla://")')
-            return call.with_changes(args=_args_line(list(call.args) + kept))
+            return call.with_changes(args=with_commas(list(call.args) + kept))
 
         return self.fix_or_report(
             node, f"`{self.ctx.short(node)}`: the process group uses the XLA backend; "
@@ -142,7 +136,7 @@ class DistributedDataParallelArgs(Transform):
             return None
         dropped = [a for a in updated.args[1:] if (a.keyword is None and a is updated.args[1])
                    or (a.keyword and a.keyword.value in ("device_ids", "output_device"))]
-        bucket = _kwarg(original, "gradient_as_bucket_view")
+        bucket = find_keyword(original, "gradient_as_bucket_view")
         if not dropped and bucket is not None:
             return None
 
@@ -150,7 +144,7 @@ class DistributedDataParallelArgs(Transform):
             args = [a for a in updated.args if a not in dropped]
             if bucket is None:
                 args.append(_arg("gradient_as_bucket_view", "True", self.ctx))
-            return updated.with_changes(args=_args_line(args))
+            return updated.with_changes(args=with_commas(args))
 
         return self.fix_or_report(
             original, f"`{self.ctx.short(original)}`: an XLA process has one device, so there are "
@@ -209,11 +203,11 @@ class SpawnLaunch(Transform):
         if self.ctx.qualify(node.func) not in SPAWN_NAMES or not node.args:
             return None
         positional = [a for a in node.args if a.keyword is None]
-        fn = positional[0] if positional else _kwarg(node, "fn")
+        fn = positional[0] if positional else find_keyword(node, "fn")
         if fn is None:
             return None
-        args = _kwarg(node, "args") or (positional[1] if len(positional) > 1 else None)
-        start = _kwarg(node, "start_method")
+        args = find_keyword(node, "args") or (positional[1] if len(positional) > 1 else None)
+        start = find_keyword(node, "start_method")
 
         def build():
             parts = [self.ctx.code(fn.value)]
@@ -260,12 +254,8 @@ class TorchrunRanks(Transform):
     @staticmethod
     def extra_triggers(source: str) -> set[str]:
         """`.to(NAME` and `device(NAME` for the rank names this file assigns or spawns with."""
-        names = {m.group(1) for m in _RANK_ASSIGN.finditer(source)}
-        for fn in _SPAWNED.findall(source):
-            match = re.search(rf"def {re.escape(fn)}\(\s*(\w+)", source)
-            if match:
-                names.add(match.group(1))
-        return {f"{prefix}{name}" for name in names for prefix in (".to(", "device(", ".to(self.")}
+        return {f"{prefix}{name}" for name in file_rank_names(source)
+                for prefix in (".to(", "device(", ".to(self.")}
 
     def visit_Call(self, node: cst.Call):
         # int(os.environ["LOCAL_RANK"]) -> xr.local_ordinal()
@@ -307,11 +297,11 @@ class SamplerReplicas(Transform):
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if self.ctx.qualify(original.func) not in SAMPLER_NAMES or not original.args:
             return None
-        replicas, rank = _kwarg(original, "num_replicas"), _kwarg(original, "rank")
+        replicas, rank = find_keyword(original, "num_replicas"), find_keyword(original, "rank")
         if (replicas is not None and rank is not None and self.ctx.code(replicas.value) == "xr.world_size()"
                 and self.ctx.code(rank.value) == "xr.global_ordinal()"):
             return None
-        dataset = next((a for a in updated.args if a.keyword is None), None) or _kwarg(updated, "dataset")
+        dataset = next((a for a in updated.args if a.keyword is None), None) or find_keyword(updated, "dataset")
         if dataset is None:
             return None
 
@@ -320,7 +310,7 @@ class SamplerReplicas(Transform):
                                 and a.keyword.value not in ("num_replicas", "rank", "dataset")]
             args.insert(1, _arg("num_replicas", "xr.world_size()", self.ctx))
             args.insert(2, _arg("rank", "xr.global_ordinal()", self.ctx))
-            return updated.with_changes(args=_args_line(args))
+            return updated.with_changes(args=with_commas(args))
 
         return self.fix_or_report(
             original, f"`{self.ctx.short(original)}`: each process reads its shard; the replica "
@@ -332,10 +322,10 @@ class CompileBackend(Transform):
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if self.ctx.qualify(original.func) != "torch.compile":
             return None
-        backend = _kwarg(original, "backend")
+        backend = find_keyword(original, "backend")
         if backend is not None and string_value(backend.value) == "openxla":
             return None
-        mode = _kwarg(original, "mode")
+        mode = find_keyword(original, "mode")
         dropped = ""
         if mode is not None:
             value = string_value(mode.value)
@@ -347,7 +337,7 @@ class CompileBackend(Transform):
         def build():
             args = [a for a in updated.args if not (a.keyword and a.keyword.value in ("backend", "mode"))]
             args.append(_arg("backend", '"openxla"', self.ctx))
-            return updated.with_changes(args=_args_line(args))
+            return updated.with_changes(args=with_commas(args))
 
         return self.fix_or_report(
             original, f"`{self.ctx.short(original)}`: on TPU, torch.compile lowers through "

@@ -12,7 +12,7 @@ import re
 
 import libcst as cst
 
-from tpukit.migrate.context import dotted, terminal_name
+from tpukit.migrate.context import dotted, find_keyword, terminal_name
 from tpukit.migrate.transforms.base import Transform, transform
 
 DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
@@ -47,6 +47,10 @@ def loader_in_iter(ctx, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, l
         path.append(expr)
         expr = expr.args[0].value
     return (expr, path) if is_loader(ctx, expr) else None
+
+
+def is_barrier(ctx, call: cst.Call) -> bool:
+    return ctx.qualify(call.func) in BARRIERS or dotted(call.func) in ("torch_xla.sync", "xm.mark_step")
 
 
 def is_optimizer_step(ctx, call: cst.BaseExpression) -> bool:
@@ -89,8 +93,7 @@ class _OwnStep(cst.CSTVisitor):
     def visit_Call(self, node: cst.Call) -> None:
         if is_optimizer_step(self.ctx, node) and not self.loops:
             self.steps = True
-        name = self.ctx.qualify(node.func)
-        if name in BARRIERS or dotted(node.func) in ("torch_xla.sync", "xm.mark_step"):
+        if is_barrier(self.ctx, node):
             self.barrier = True
 
 
@@ -146,14 +149,11 @@ class _StepFinder(cst.CSTVisitor):
     def visit_SimpleStatementLine(self, node) -> None:
         self._line = node
 
-    def _calls_stepping(self, node: cst.Call) -> bool:
-        return _calls_stepping_function(self.ctx, node)
-
     def visit_Call(self, node: cst.Call) -> None:
-        name = self.ctx.qualify(node.func)
-        if name in BARRIERS or dotted(node.func) in ("torch_xla.sync", "xm.mark_step"):
+        if is_barrier(self.ctx, node):
             self.has_barrier = True
-        if (is_optimizer_step(self.ctx, node) or self._calls_stepping(node)) and self._line is not None:
+        if (is_optimizer_step(self.ctx, node) or _calls_stepping_function(self.ctx, node)) \
+                and self._line is not None:
             if not self.step_lines or self.step_lines[-1] is not self._line:
                 self.step_lines.append(self._line)
         if "batch" in terminal_name(node.func).lower():
@@ -212,7 +212,7 @@ class DeviceLoader(Transform):
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         name = self.ctx.qualify(original.func)
         if name in DATALOADERS:
-            pin = next((a for a in original.args if a.keyword and a.keyword.value == "pin_memory"), None)
+            pin = find_keyword(original, "pin_memory")
             if pin is None:
                 return None
             def build():
@@ -249,7 +249,7 @@ class RaggedLastBatch(Transform):
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if self.ctx.qualify(original.func) not in DATALOADERS:
             return None
-        drop = next((a for a in original.args if a.keyword and a.keyword.value == "drop_last"), None)
+        drop = find_keyword(original, "drop_last")
         if drop is not None:
             return None
 
