@@ -180,6 +180,20 @@ def run(
         None, "--fail-on", help="Exit 1 if any of these occur: recompile,fallback,sync."),
     no_cuda_check: bool = typer.Option(False, "--no-cuda-check",
                                        help="Skip the check for CUDA idioms left in the script."),
+    profile: bool = typer.Option(False, "--profile",
+                                 help="Capture an XProf trace of steady-state steps."),
+    logdir: Optional[Path] = typer.Option(
+        None, "--logdir", help="Where --profile writes (default ./tpukit-profile/<timestamp>)."),
+    profile_steps: Optional[str] = typer.Option(
+        None, "--profile-steps", help="Steps A:B to profile, 1-based, inclusive "
+                                      "(default: the 3 after warm-up)."),
+    tpu_generation: Optional[str] = typer.Option(
+        None, "--tpu-generation", help="v2, v3, v4, v5e, v5p, v6e or v7: the MXU width for the "
+                                       "head-dim advice (default: this TPU's, else v5e)."),
+    bucket_budget: int = typer.Option(4, "--bucket-budget", min=1, max=64,
+                                      help="Compile budget k for the shape-bucket advice."),
+    html: Optional[Path] = typer.Option(None, "--html",
+                                        help="Also write a self-contained HTML report here."),
 ) -> None:
     """Run a script on the TPU (XLA:CPU without one) and explain its recompiles, CPU fallbacks
     and host syncs, step by step."""
@@ -201,9 +215,22 @@ def run(
     unknown = [k for k in kinds if k not in FAIL_ON]
     if unknown:
         fail(f"--fail-on takes {','.join(FAIL_ON)}; not {', '.join(unknown)}")
+    from tpukit.run.advisors import MXU_WIDTH
+    from tpukit.run.profile import parse_steps
+
+    if tpu_generation is not None and tpu_generation not in MXU_WIDTH:
+        fail(f"--tpu-generation takes {', '.join(MXU_WIDTH)}; not {tpu_generation!r}")
+    if (logdir is not None or profile_steps is not None) and not profile:
+        fail("--logdir and --profile-steps go with --profile")
+    try:
+        steps = parse_steps(profile_steps) if profile_steps is not None else None
+    except ValueError as exc:
+        fail(str(exc))
     request = RunRequest(script=script, module=module, args=args, max_steps=max_steps,
                          warmup=warmup, fmt=fmt, json_path=json_path, output=output,
-                         fail_on=kinds, check_cuda=not no_cuda_check)
+                         fail_on=kinds, check_cuda=not no_cuda_check, profile=profile,
+                         logdir=logdir, profile_steps=steps, tpu_generation=tpu_generation,
+                         bucket_budget=bucket_budget, html=html)
     try:
         code = run_command(request)
     except UsageError as exc:

@@ -61,7 +61,7 @@ class Loops:
         return max(complete, key=lambda k: len(complete[k])) if complete else None
 
 
-def _finding(code: str, message: str, where: tuple[str, int], severity: Severity | None = None,
+def finding(code: str, message: str, where: tuple[str, int], severity: Severity | None = None,
              **extra) -> Finding:
     rule = load_rules()[code]
     return Finding(code, severity or rule.severity, message, Location(where[0], where[1]),
@@ -97,7 +97,7 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
                                            fallback_lines or {}))
             history.append((line, event.graph_hash, step.index))
         if not step.graphs and step.compiles and loops.steady(step):  # no debug log to read
-            findings.append(_finding(
+            findings.append(finding(
                 "TPU701", f"step {step.index}: XLA compiled {step.compiles} new graph(s) "
                 f"({step.compile_s:.2f} s) after warm-up", step.boundary_at or (script, 1),
                 step=step.index, compile_s=step.compile_s))
@@ -114,7 +114,7 @@ def _recompile(step: Step, event, where, previous: Step | None, compile_s: float
         message = (f"{head}; it is the first graph from this line. Expected if this code runs "
                    "once (evaluation, a checkpoint); if it repeats, raise --warmup or look at why "
                    "the graph is new")
-        return _finding("TPU701", message, where, **extra)
+        return finding("TPU701", message, where, **extra)
     changes = diff(previous.shapes, step.shapes)
     for change in changes:
         origin = step.origins.get(change["name"])
@@ -132,10 +132,10 @@ def _recompile(step: Step, event, where, previous: Step | None, compile_s: float
             message += (": look for Python numbers that vary per step (a float in tensor math, a "
                         "step-dependent branch, an `.item()` fed back into tensors) and make them "
                         "tensors")
-        return _finding("TPU701", message, where, **extra)
+        return finding("TPU701", message, where, **extra)
     what = "; ".join(describe(c) for c in changes)
     message = f"{head}; changed since step {previous.index}: {what}. Fix: {_shape_fix(changes)}"
-    return _finding("TPU701", message, where, **extra)
+    return finding("TPU701", message, where, **extra)
 
 
 DATA_DEPENDENT_OPS = ("aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
@@ -187,13 +187,13 @@ def fallback_findings(probe: Probe, steps: list[Step], loops: Loops, script: str
                 f"{first})")
         effect = "each call copies tensors to the host and back and cuts the graph"
         if not lines:
-            findings.append(_finding(
+            findings.append(finding(
                 "TPU702", f"`{op}` ran on the CPU {what}: {effect}. Fix: {fix} (the calling line "
                 "was not seen: it ran only outside the traced steps)", (script, 1), **extra))
         for where, calls in lines:
             share = f"; this line is one of {len(lines)} calling it" if len(lines) > 1 else ""
             message = f"`{op}` ran on the CPU {what}{share}: {effect}. Fix: {fix}"
-            findings.append(_finding("TPU702", message, where, traced_calls=calls, **extra))
+            findings.append(finding("TPU702", message, where, traced_calls=calls, **extra))
     return findings
 
 
@@ -224,7 +224,7 @@ def sync_findings(steps: list[Step], loops: Loops) -> list[Finding]:
                    f"({rate:.2g} per step after warm-up, {entry['bytes']} bytes in all): the host "
                    f"waits for the device{' every step' if hot else ''}. "
                    f"Fix: {fixes.get(method, 'read it outside the step')}")
-        findings.append(_finding(
+        findings.append(finding(
             "TPU703", message, where, None if hot else Severity.INFO, method=method,
             count=entry["count"], per_step=round(rate, 4), bytes=entry["bytes"],
             steps=sorted(entry["steps"])[:50]))

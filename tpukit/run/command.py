@@ -44,6 +44,12 @@ class RunRequest:
     output: Path | None = None
     fail_on: list[str] = field(default_factory=list)
     check_cuda: bool = True
+    profile: bool = False
+    logdir: Path | None = None
+    profile_steps: tuple[int, int] | None = None  # 1-based, inclusive
+    tpu_generation: str | None = None
+    bucket_budget: int = 4
+    html: Path | None = None
 
 
 def choose_device(env: dict) -> str | None:
@@ -102,6 +108,11 @@ def run_command(request: RunRequest) -> int:
             raise UsageError(f"{request.script}: no such file")
         if path.is_dir():
             raise UsageError(f"{request.script}: is a directory, not a Python script")
+    if request.html is not None and importlib.util.find_spec("plotly") is None:
+        raise UsageError("--html needs plotly: pip install 'tpukit[profile]'")
+    if request.profile and importlib.util.find_spec("xprof") is None:
+        print("tpukit: warning: xprof is not installed: the trace is captured but not summarised "
+              "(pip install 'tpukit[profile]')", file=sys.stderr, flush=True)
     check = start_cuda_check(request.script) if request.check_cuda and request.script else None
     notice = choose_device(os.environ)
     if notice:
@@ -130,7 +141,8 @@ def run_command(request: RunRequest) -> int:
     from tpukit.run.probe import Probe, StopRun
     from tpukit.run.script import run_target
 
-    probe = Probe(log, request.max_steps)
+    profiler = _profiler(request)
+    probe = Probe(log, request.max_steps, profiler)
     probe.install()
     start = time.perf_counter()
     try:
@@ -147,6 +159,7 @@ def run_command(request: RunRequest) -> int:
         if ours and log_path is not None:
             log_path.unlink(missing_ok=True)
     analysis = analyse(probe, request.warmup, request.script or request.module)
+    advice = _advice(request, probe, analysis)
     summary = {
         "script": display,
         "args": request.args,
@@ -156,8 +169,15 @@ def run_command(request: RunRequest) -> int:
         "error": outcome.error,
         "wall_s": round(wall, 6),
         **analysis.summary,
+        "attention": [site.to_dict() for site in probe.attention.best()],
+        "tpu_generation": advice["generation"],
+        "profile": None,
     }
-    findings = cuda + analysis.findings
+    if profiler is not None:
+        from tpukit.run.profile import summarise
+
+        summary["profile"] = summarise(profiler)
+    findings = cuda + analysis.findings + advice["findings"]
     failed = analysis.failures(request.fail_on)
     summary["failed_on"] = failed
     report = Report("run", findings, [], summary, _summary_line(summary), show_applied=True,
@@ -167,9 +187,19 @@ def run_command(request: RunRequest) -> int:
         from tpukit.render.json_format import as_dict
 
         atomic_write(request.json_path, json.dumps(as_dict(report), indent=2) + "\n")
+    if request.html is not None:
+        from tpukit.run.html import write_html
+
+        write_html(request.html, report)
     if request.fmt is Format.TEXT:
         _print_summary(summary, sys.stderr)
         render(report, request.fmt, sys.stderr, sys.stderr)
+        if summary["profile"] is not None:
+            _print_profile(summary["profile"], sys.stderr)
+        if request.html is not None:
+            print(f"tpukit: HTML report: {request.html}", file=sys.stderr)
+    elif summary["profile"] is not None:
+        _print_profile(summary["profile"], sys.stderr)
     elif request.output is not None:
         from tpukit.atomic import atomic_write
 
@@ -182,6 +212,67 @@ def run_command(request: RunRequest) -> int:
     if outcome.kind in ("error", "exit", "interrupted") and outcome.exit_code != 0:
         return outcome.exit_code
     return 1 if failed else 0
+
+
+def _profiler(request: RunRequest):
+    if not request.profile:
+        return None
+    from tpukit.run.profile import DEFAULT_STEPS, Profiler, default_logdir
+
+    first, last = request.profile_steps or (request.warmup + 1, request.warmup + DEFAULT_STEPS)
+    return Profiler(request.logdir or default_logdir(), first, last)
+
+
+def tpu_generation(requested: str | None, device: str) -> tuple[str, bool]:
+    """(generation, assumed): the one asked for, the TPU's own, or v5e when there is none."""
+    from tpukit.run.advisors import DEFAULT_GENERATION
+
+    if requested:
+        return requested, False
+    if device == "TPU":
+        try:
+            from torch_xla._internal import tpu
+
+            version = int(tpu.version())
+            return {2: "v2", 3: "v3", 4: "v4", 5: "v5e", 6: "v6e"}.get(version, "v7"), False
+        except Exception:  # no metadata server, an unknown chip: fall back to the default
+            pass
+    return DEFAULT_GENERATION, True
+
+
+def _advice(request: RunRequest, probe, analysis) -> dict:
+    from tpukit.run.advisors import bucket_findings, head_dim_findings
+    from tpukit.run.analysis import Loops
+
+    generation, assumed = tpu_generation(request.tpu_generation, os.environ.get("PJRT_DEVICE", ""))
+    script = request.script or request.module
+    findings = head_dim_findings(probe.attention.best(), generation, assumed, script)
+    findings += bucket_findings(probe.steps, Loops(probe.steps, request.warmup),
+                                request.bucket_budget, script)
+    return {"generation": generation, "findings": findings}
+
+
+def _print_profile(profile: dict, stream) -> None:
+    console = Console(file=stream, highlight=False)
+    if profile.get("error"):
+        console.print(f"tpukit: profile: {profile['error']}")
+    ops = profile.get("top_ops") or []
+    if ops:
+        source = ("device ops (xprof framework_op_stats)" if profile.get("ops_source") == "device"
+                  else "host events (xprof trace_viewer; XLA:CPU has no device op table)")
+        steps = profile.get("steps") or []
+        table = Table(title=f"Top ops by self time, steps {steps[0]}-{steps[-1]}: {source}"
+                      if steps else f"Top ops by self time: {source}")
+        for column in ("op", "occurrences", "self ms", "self %", "total ms"):
+            table.add_column(column, justify="left" if column == "op" else "right")
+        for op in ops:
+            table.add_row(op["name"], str(op["occurrences"]), f"{op['self_us'] / 1000:.2f}",
+                          f"{op['self_share']:.1%}", f"{op['total_us'] / 1000:.2f}")
+        console.print(table)
+    if profile.get("run_dir"):
+        console.print(f"trace: {profile['run_dir']}")
+        for command in profile.get("open_with", []):
+            console.print(f"open it: {command}")
 
 
 def _summary_line(summary: dict) -> str:

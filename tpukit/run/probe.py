@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpukit.run.attention import AttentionSites
 from tpukit.run.debuglog import DebugLog, GraphEvent
 from tpukit.run.shapes import Shape, signature
 
@@ -127,16 +128,19 @@ class _Counters:
 
 
 class Probe:
-    def __init__(self, debug_log: DebugLog | None, max_steps: int | None = None) -> None:
+    def __init__(self, debug_log: DebugLog | None, max_steps: int | None = None,
+                 listener: StepListener | None = None) -> None:
         self.log = debug_log
         self.max_steps = max_steps
+        self.listener = listener
+        self.attention = AttentionSites()
         self.steps: list[Step] = []
         self.fallback_lines: dict[str, dict[tuple[str, int], int]] = {}
         self.stopped_early = False
         self._patches: list[tuple[Any, str, Any]] = []
         self._hooks: list[Any] = []
         self._main = threading.main_thread()
-        self._depth = 0
+        self._modules: list[Any] = []  # the forward calls running now, outermost first
         self._reading = False
         self._in_boundary = False
         self._label = ""  # set while inside MpDeviceLoader / xm.optimizer_step
@@ -172,15 +176,22 @@ class Probe:
             if hasattr(torch.Tensor, name):
                 self._patch(torch.Tensor, name, self._wrap_read(name, getattr(torch.Tensor, name)))
         self._patch(torch.Tensor, "to", self._wrap_read("to", torch.Tensor.to))
+        import torch.nn.functional as F
+
+        self._patch(F, "scaled_dot_product_attention",
+                    self._wrap_attention(F.scaled_dot_product_attention))
         self._hooks.append(module_hooks.register_module_forward_pre_hook(self._forward_pre))
         self._hooks.append(module_hooks.register_module_forward_hook(self._forward_post,
                                                                      always_call=True))
         self._base = self._counters()
         self.current = Step(1, time.perf_counter())
+        self._begin(1)
         self._arm_tracer()
 
     def uninstall(self) -> None:
         self._disarm_tracer()
+        if self.listener is not None:
+            self.listener.close()
         for owner, name, original in reversed(self._patches):
             if original is _INHERITED:
                 delattr(owner, name)
@@ -237,17 +248,26 @@ class Probe:
             return
         step.end, step.boundary, step.boundary_at, step.complete = now, boundary, where, not final
         self.steps.append(step)
-        self._base = counters
         self._disarm_tracer()
+        if self.listener is not None:
+            self.listener.step_ended(step.index, final)
+            counters = self._counters()  # what the listener did (profile export) is no step's
+        self._base = counters
         new_ops = [op for op in step.fallbacks if op not in self.fallback_lines]
         self._trace_next = bool(new_ops)
         if final:
             return
         self.current = Step(step.index + 1, time.perf_counter())
+        self._begin(step.index + 1)
         self._arm_tracer()
         if self.max_steps and len(self.steps) >= self.max_steps:
             self.stopped_early = True
             raise StopRun()
+
+    def _begin(self, index: int) -> None:
+        if self.listener is not None:
+            self.listener.step_begins(index)
+            self.current.start = time.perf_counter()
 
     def finish(self) -> None:
         """Close the steps at the end of the script (what ran after the last boundary)."""
@@ -331,7 +351,10 @@ class Probe:
 
     # -- forward inputs ---------------------------------------------------------------------
     def _forward_pre(self, module, args) -> None:
-        if self._depth == 0 and threading.current_thread() is self._main:
+        if threading.current_thread() is not self._main:
+            return
+        if not self._modules:
+            self.attention.scan(module)
             names = self._param_names(type(module))
             owner = type(module).__name__
             shapes: dict[str, Shape] = {}
@@ -339,10 +362,24 @@ class Probe:
                 name = names[i] if i < len(names) else f"arg{i}"
                 shapes.update(signature(value, f"{owner}.forward({name})"))
             self._record_shapes(shapes, user_frame(sys._getframe(1)))
-        self._depth += 1
+        elif self.attention.by_module:
+            self.attention.forward_called(module, user_frame(sys._getframe(1)))
+        self._modules.append(module)
 
     def _forward_post(self, module, args, output) -> None:
-        self._depth = max(0, self._depth - 1)
+        if self._modules and threading.current_thread() is self._main:
+            self._modules.pop()
+
+    def _wrap_attention(self, original: Callable) -> Callable:
+        probe = self
+
+        @functools.wraps(original)
+        def scaled_dot_product_attention(query, *args, **kwargs):
+            module = probe._modules[-1] if probe._modules else None
+            probe.attention.called(query, module, user_frame(sys._getframe(1)))
+            return original(query, *args, **kwargs)
+
+        return scaled_dot_product_attention
 
     def _param_names(self, cls: type) -> list[str]:
         if cls not in self._params:
@@ -399,6 +436,19 @@ class Probe:
         for op in ops:
             lines = self.fallback_lines.setdefault(op, {})
             lines[where] = lines.get(where, 0) + 1
+
+
+class StepListener:
+    """Told when a step begins and ends (the profiler starts and stops its trace there)."""
+
+    def step_begins(self, index: int) -> None:
+        pass
+
+    def step_ended(self, index: int, final: bool) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _to_host(args: tuple, kwargs: dict) -> bool:
