@@ -174,32 +174,10 @@ def optimal_buckets(sizes: Iterable[int] | Mapping[int, float], k: int) -> list[
     def cost(a: int, b: int) -> float:  # values[a..b] padded to values[b]
         return values[b] * (weight_sum[b + 1] - weight_sum[a]) - (element_sum[b + 1] - element_sum[a])
 
-    inf = float("inf")
     previous = [cost(0, b) for b in range(n)]  # one bucket over values[0..b]
     splits: list[list[int]] = [[0] * n]
     for _ in range(1, k):
-        current = [inf] * n
-        choice = [0] * n
-
-        def solve(lo: int, hi: int, opt_lo: int, opt_hi: int) -> None:
-            if lo > hi:
-                return
-            mid = (lo + hi) // 2
-            best, best_a = inf, opt_lo
-            for a in range(max(opt_lo, 1), min(mid, opt_hi) + 1):  # last bucket = values[a..mid]
-                candidate = previous[a - 1] + cost(a, mid)
-                if candidate < best:
-                    best, best_a = candidate, a
-            current[mid], choice[mid] = best, best_a
-            solve(lo, mid - 1, opt_lo, best_a)
-            solve(mid + 1, hi, best_a, opt_hi)
-
-        solve(1, n - 1, 1, n - 1)
-        current[0], choice[0] = previous[0], 0
-        for b in range(n):  # fewer buckets may be as good (never worse to allow it)
-            if previous[b] <= current[b]:
-                current[b], choice[b] = previous[b], -1
-        previous = current
+        previous, choice = _add_bucket(previous, cost, n)
         splits.append(choice)
     boundaries = []
     b, level = n - 1, k - 1
@@ -211,6 +189,34 @@ def optimal_buckets(sizes: Iterable[int] | Mapping[int, float], k: int) -> list[
         boundaries.append(values[b])
         b, level = a - 1, level - 1
     return sorted(boundaries)
+
+
+def _add_bucket(previous: list[float], cost: Callable[[int, int], float],
+                n: int) -> tuple[list[float], list[int]]:
+    """One more bucket: best[b] = min over a of previous[a-1] + cost(a, b), the last bucket
+    being values[a..b]; choice[b] = a, or -1 where one bucket fewer is as good."""
+    inf = float("inf")
+    best = [inf] * n
+    choice = [0] * n
+
+    def solve(lo: int, hi: int, opt_lo: int, opt_hi: int) -> None:
+        if lo > hi:
+            return
+        mid = (lo + hi) // 2
+        value, split = inf, opt_lo
+        for a in range(max(opt_lo, 1), min(mid, opt_hi) + 1):
+            candidate = previous[a - 1] + cost(a, mid)
+            if candidate < value:
+                value, split = candidate, a
+        best[mid], choice[mid] = value, split
+        solve(lo, mid - 1, opt_lo, split)
+        solve(mid + 1, hi, split, opt_hi)
+
+    solve(1, n - 1, 1, n - 1)
+    for b in range(n):  # fewer buckets may be as good (never worse to allow it)
+        if previous[b] <= best[b]:
+            best[b], choice[b] = previous[b], -1
+    return best, choice
 
 
 def padding_overhead(sizes: Iterable[int] | Mapping[int, float], buckets: Sequence[int]) -> float:
