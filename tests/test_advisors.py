@@ -49,6 +49,11 @@ def test_no_bucket_advice_within_the_budget():
     assert bucket_findings(steps, Loops(steps, 2), budget=4, script="train.py") == []
 
 
+def test_no_bucket_advice_when_the_sizes_do_not_drive_compiles():
+    steps = [_step(i, n, compiles=0) for i, n in enumerate([10, 12, 30, 31, 50, 64], 1)]
+    assert bucket_findings(steps, Loops(steps, 2), budget=2, script="train.py") == []
+
+
 def test_a_forward_input_alone_gets_pad_to_bucket():
     steps = []
     for i, n in enumerate([5, 6, 7, 8, 9, 10], 1):
@@ -173,3 +178,13 @@ def test_run_usage_errors_are_one_line_and_exit_2(args, message, tmp_path):
     assert proc.returncode == 2
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert "ran" not in proc.stdout
+
+
+def test_the_tpu_generation_comes_from_the_accelerator_type():
+    from tpukit.run.command import generation_of, tpu_generation
+
+    assert generation_of("v5litepod-8") == "v5e" and generation_of("v6e-8") == "v6e"
+    assert generation_of("v5p-16") == "v5p" and generation_of("v4-8") == "v4"
+    assert generation_of("tpu7x-8") == "v7" and generation_of("weird") is None
+    assert tpu_generation("v6e", "CPU") == ("v6e", False)
+    assert tpu_generation(None, "CPU") == ("v5e", True)

@@ -150,12 +150,14 @@ def _bucket_finding(steps: list[Step], axis: dict, budget: int, script: str) -> 
     if distinct <= budget:
         return None  # already within the compile budget
     buckets = optimal_buckets(weights, budget)
+    compiles_now = _compiles(steps, axis["values"])
+    if compiles_now <= len(buckets):
+        return None  # the sizes vary but do not drive compiles (or no more than buckets would)
     overhead = padding_overhead(weights, buckets)
     powers = sorted({2 ** math.ceil(math.log2(v)) for v in observed})
     table = {k: {"buckets": (b := optimal_buckets(weights, k)),
                  "padding_overhead": round(padding_overhead(weights, b), 4)}
              for k in range(1, min(MAX_BUDGET_TABLE, distinct) + 1)}
-    compiles_now = _compiles(steps, axis["values"])
     name, dim = members[0]
     also = [f"{n} dim {d}" for n, d in members[1:]]
     origin = next((s.origins[name] for s in steps if name in s.origins), None)

@@ -233,11 +233,22 @@ def tpu_generation(requested: str | None, device: str) -> tuple[str, bool]:
         try:
             from torch_xla._internal import tpu
 
-            version = int(tpu.version())
-            return {2: "v2", 3: "v3", 4: "v4", 5: "v5e", 6: "v6e"}.get(version, "v7"), False
-        except Exception:  # no metadata server, an unknown chip: fall back to the default
-            pass
+            found = generation_of(tpu.get_tpu_type())  # "v5litepod-8", "v6e-8", "v4-8", ...
+        except Exception:  # noqa: BLE001  (no metadata server: fall back to the default)
+            found = None
+        if found:
+            return found, False
     return DEFAULT_GENERATION, True
+
+
+def generation_of(accelerator_type: str) -> str | None:
+    name = accelerator_type.lower().split("-")[0]
+    for prefix, generation in (("v5litepod", "v5e"), ("v5e", "v5e"), ("v5p", "v5p"),
+                               ("v6e", "v6e"), ("tpu7", "v7"), ("v7", "v7"), ("v4", "v4"),
+                               ("v3", "v3"), ("v2", "v2")):
+        if name.startswith(prefix):
+            return generation
+    return None
 
 
 def _advice(request: RunRequest, probe, analysis) -> dict:
