@@ -92,7 +92,19 @@ def test_head_dim_finding_on_v6e_pads_to_256_at_the_class_line(tmp_path):
     assert finding.extra["padded_head_dim"] == 256 and finding.extra["mxu_fill_now"] == 0.25
     assert "GPT.h.0.attn and 1 more" in finding.message and "+300% FLOPs" in finding.message
     assert "3 heads of 256" in finding.message
+    # +300% of attention at seq 1024, embed 768 is +54% of the layer: wider heads, not padding
+    assert finding.extra["recommendation"] == "wider_heads"
+    assert finding.message.endswith("padding costs more than it can gain: prefer the wider heads")
     assert head_dim_findings([_site(head_dim=128)], "v5e", False, "train.py") == []
+
+
+def test_padding_is_advised_only_while_it_is_cheap():
+    (v5e,) = head_dim_findings([_site()], "v5e", False, "train.py")
+    assert v5e.extra["recommendation"] == "pad" and "more than it can gain" not in v5e.message
+    toy = _site(heads=4, head_dim=8, seq_len=16)  # embed 32: no wider heads either
+    (finding,) = head_dim_findings([toy], "v5e", False, "train.py")
+    assert finding.extra["recommendation"] == "leave"
+    assert finding.message.endswith("leave the head dim as it is")
 
 
 def test_config_heads_reads_module_or_config_attributes():

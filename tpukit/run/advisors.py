@@ -17,6 +17,7 @@ MXU_WIDTH = {"v2": 128, "v3": 128, "v4": 128, "v5e": 128, "v5p": 128, "v6e": 256
 DEFAULT_GENERATION = "v5e"
 MLP_RATIO = 4  # the standard transformer block the FLOP share assumes
 MAX_BUDGET_TABLE = 8
+PAD_WORTH = 0.25  # padding is advised while it adds at most this share of a layer's FLOPs
 
 
 # -- head dim ----------------------------------------------------------------------------------
@@ -81,16 +82,21 @@ def _head_dim_finding(site: AttentionSite, d: int, padded: int, width: int, gene
     if n["extra_activation_bytes_per_layer"]:
         cost += (f", +{_mib(n['extra_activation_bytes_per_layer'])} of q/k/v/output activations "
                  f"per layer (batch {site.batch}, {site.dtype})")
+    advice = recommendation(n)
     message = (f"attention head dim {d} ({heads}{site.source}) in {site.cls} ({where}{called}): "
                f"the {gen} MXU is {width} wide, so q@k^T and attn@v fill {n['mxu_fill_now']:.0%} "
                f"of each pass. Padding q/k/v to {padded} costs {cost}, runs the same passes "
                "(about the same time, every pass full) and makes the Pallas flash attention "
-               f"kernels usable (they need a multiple of 128)")
-    if n["wider_heads"]:
-        wide = n["wider_heads"]
+               "kernels usable (they need a multiple of 128)")
+    wide = n["wider_heads"]
+    if wide:
         count = f"{wide['heads']} head{'s' if wide['heads'] > 1 else ''}"
         message += (f"; for a model trained from scratch, {count} of {wide['head_dim']} keep "
                     "the same width and FLOPs with every pass full")
+    if advice != "pad":
+        message += (". Here padding costs more than it can gain"
+                    + (": prefer the wider heads" if advice == "wider_heads"
+                       else ": leave the head dim as it is"))
     snippet = (f"pad = {padded} - q.size(-1)\n"
                "y = F.scaled_dot_product_attention(F.pad(q, (0, pad)), F.pad(k, (0, pad)), "
                "F.pad(v, (0, pad)), is_causal=True, scale=q.size(-1) ** -0.5)[..., :q.size(-1)]")
@@ -99,7 +105,19 @@ def _head_dim_finding(site: AttentionSite, d: int, padded: int, width: int, gene
     own_class = site.class_at if site.class_at and is_user_file(site.class_at[0]) else None
     at = own_class or site.call_at or site.class_at or (script, 1)
     return finding("TPU705", message, at, tpu_generation=generation, generation_assumed=assumed,
-                   site=site.to_dict(), snippet=snippet, **n)
+                   site=site.to_dict(), snippet=snippet, recommendation=advice, **n)
+
+
+def recommendation(numbers: dict) -> str:
+    """"pad" when padding costs at most PAD_WORTH of a layer's FLOPs (or, with the layer
+    unknown, at most doubles the attention matmuls); else "wider_heads" where the width allows
+    them, else "leave" (a toy-sized head dim: padding would multiply the attention FLOPs)."""
+    layer = numbers["layer_flops_overhead"]
+    cheap = (layer <= PAD_WORTH if layer is not None
+             else numbers["attention_matmul_flops_overhead"] <= 1.0)
+    if cheap:
+        return "pad"
+    return "wider_heads" if numbers["wider_heads"] else "leave"
 
 
 # -- shape buckets -----------------------------------------------------------------------------
