@@ -125,17 +125,18 @@ def test_an_explicit_pjrt_device_wins():
 
 
 def test_without_a_tpu_the_run_goes_to_xla_cpu_with_a_notice(monkeypatch):
-    from tpukit.run import command
+    from tpukit.run import command, torchtpu
 
-    monkeypatch.setattr(command, "glob", lambda pattern: [])
+    monkeypatch.setattr(torchtpu, "glob", lambda pattern: [])
     env: dict = {}
     assert "XLA:CPU" in command.choose_device(env) and env["PJRT_DEVICE"] == "CPU"
 
 
 def test_with_tpu_chips_and_libtpu_the_run_goes_to_the_tpu(monkeypatch):
-    from tpukit.run import command
+    from tpukit.run import command, torchtpu
 
-    monkeypatch.setattr(command, "glob", lambda pattern: ["/dev/accel0"] if "accel" in pattern else [])
+    monkeypatch.setattr(torchtpu, "glob",
+                        lambda pattern: ["/dev/accel0"] if "accel" in pattern else [])
     monkeypatch.setattr(command.importlib.util, "find_spec", lambda name: object())
     env: dict = {}
     assert command.choose_device(env) is None and env["PJRT_DEVICE"] == "TPU"

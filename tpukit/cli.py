@@ -194,6 +194,11 @@ def run(
                                       help="Compile budget k for the shape-bucket advice."),
     html: Optional[Path] = typer.Option(None, "--html",
                                         help="Also write a self-contained HTML report here."),
+    run_target: Optional[str] = typer.Option(
+        None, "--target", help="xla or torchtpu (default: torchtpu for a script that imports "
+                               "torch_tpu, else [tool.tpukit] target, else xla)."),
+    eager_mode: Optional[str] = typer.Option(
+        None, "--eager-mode", help="torchtpu target: debug, strict or fused (default fused)."),
 ) -> None:
     """Run a script on the TPU (XLA:CPU without one) and explain its recompiles, CPU fallbacks
     and host syncs, step by step."""
@@ -218,6 +223,12 @@ def run(
     from tpukit.run.advisors import MXU_WIDTH
     from tpukit.run.profile import parse_steps
 
+    from tpukit.run.torchtpu import EAGER_MODES
+
+    if run_target is not None and run_target not in TARGETS:
+        fail(f"unknown target {run_target!r}: choose {' or '.join(TARGETS)}")
+    if eager_mode is not None and eager_mode not in EAGER_MODES:
+        fail(f"--eager-mode takes {', '.join(EAGER_MODES)}; not {eager_mode!r}")
     if tpu_generation is not None and tpu_generation not in MXU_WIDTH:
         fail(f"--tpu-generation takes {', '.join(MXU_WIDTH)}; not {tpu_generation!r}")
     if (logdir is not None or profile_steps is not None) and not profile:
@@ -230,7 +241,8 @@ def run(
                          warmup=warmup, fmt=fmt, json_path=json_path, output=output,
                          fail_on=kinds, check_cuda=not no_cuda_check, profile=profile,
                          logdir=logdir, profile_steps=steps, tpu_generation=tpu_generation,
-                         bucket_budget=bucket_budget, html=html)
+                         bucket_budget=bucket_budget, html=html, target=run_target,
+                         eager_mode=eager_mode)
     try:
         code = run_command(request)
     except UsageError as exc:

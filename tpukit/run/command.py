@@ -16,7 +16,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from glob import glob
 from pathlib import Path
 
 from rich.console import Console
@@ -50,14 +49,17 @@ class RunRequest:
     tpu_generation: str | None = None
     bucket_budget: int = 4
     html: Path | None = None
+    target: str | None = None  # None: see torchtpu.resolve_target
+    eager_mode: str | None = None
 
 
 def choose_device(env: dict) -> str | None:
     """Sets PJRT_DEVICE when the user did not; returns a notice for the user, if any."""
     if env.get("PJRT_DEVICE"):
         return None
-    chips = glob("/dev/accel*") + glob("/dev/vfio/[0-9]*")
-    if chips and importlib.util.find_spec("libtpu") is not None:
+    from tpukit.run.torchtpu import tpu_chips
+
+    if tpu_chips() and importlib.util.find_spec("libtpu") is not None:
         env["PJRT_DEVICE"] = "TPU"
         return None
     env["PJRT_DEVICE"] = "CPU"
@@ -108,6 +110,13 @@ def run_command(request: RunRequest) -> int:
             raise UsageError(f"{request.script}: no such file")
         if path.is_dir():
             raise UsageError(f"{request.script}: is a directory, not a Python script")
+    from tpukit.run.torchtpu import resolve_target
+
+    target = resolve_target(request.target, request.script)
+    if request.eager_mode is not None and target != "torchtpu":
+        raise UsageError("--eager-mode goes with the torchtpu target (--target torchtpu)")
+    if target == "torchtpu":
+        return _run_on_torchtpu(request, display)
     if request.html is not None and importlib.util.find_spec("plotly") is None:
         raise UsageError("--html needs plotly: pip install 'tpukit[profile]'")
     if request.profile and importlib.util.find_spec("xprof") is None:
@@ -182,8 +191,38 @@ def run_command(request: RunRequest) -> int:
     summary["failed_on"] = failed
     report = Report("run", findings, [], summary, _summary_line(summary), show_applied=True,
                     excerpts=True)
+    _emit(request, report, lambda: _print_summary(summary, sys.stderr))
+    if summary["profile"] is not None:
+        _print_profile(summary["profile"], sys.stderr)
+    if request.html is not None:
+        print(f"tpukit: HTML report: {request.html}", file=sys.stderr)
+    if outcome.kind in ("error", "exit", "interrupted") and outcome.exit_code != 0:
+        return outcome.exit_code
+    return 1 if failed else 0
+
+
+def _run_on_torchtpu(request: RunRequest, display: str) -> int:
+    from tpukit.run.torchtpu import run_torchtpu
+
+    if request.profile or request.html is not None or request.fail_on:
+        raise UsageError("--profile, --html and --fail-on read torch_xla's step analysis: they "
+                         "go with the xla target")
+    try:
+        summary, outcome = run_torchtpu(request)
+    except ValueError as exc:
+        raise UsageError(f"{display}: {exc}") from None
+    line = (f"run (torchtpu, eager mode {summary['eager_mode']}): {outcome.kind} (exit "
+            f"{outcome.exit_code}) in {summary['wall_s']:.2f} s; recompile, fallback and "
+            "host-sync analysis needs the xla target")
+    _emit(request, Report("run", [], [], summary, line), lambda: None)
+    return outcome.exit_code if outcome.kind in ("error", "exit", "interrupted") else 0
+
+
+def _emit(request: RunRequest, report: Report, print_summary) -> None:
+    """The report to --json, --html, and in --format to stderr (text), -o or stdout."""
+    from tpukit.atomic import atomic_write
+
     if request.json_path is not None:
-        from tpukit.atomic import atomic_write
         from tpukit.render.json_format import as_dict
 
         atomic_write(request.json_path, json.dumps(as_dict(report), indent=2) + "\n")
@@ -192,26 +231,15 @@ def run_command(request: RunRequest) -> int:
 
         write_html(request.html, report)
     if request.fmt is Format.TEXT:
-        _print_summary(summary, sys.stderr)
+        print_summary()
         render(report, request.fmt, sys.stderr, sys.stderr)
-        if summary["profile"] is not None:
-            _print_profile(summary["profile"], sys.stderr)
-        if request.html is not None:
-            print(f"tpukit: HTML report: {request.html}", file=sys.stderr)
-    elif summary["profile"] is not None:
-        _print_profile(summary["profile"], sys.stderr)
     elif request.output is not None:
-        from tpukit.atomic import atomic_write
-
         buffer = io.StringIO()
         render(report, request.fmt, buffer, sys.stderr)
         atomic_write(request.output, buffer.getvalue())
     else:
         sys.stdout.flush()
         render(report, request.fmt, sys.stdout, sys.stderr)
-    if outcome.kind in ("error", "exit", "interrupted") and outcome.exit_code != 0:
-        return outcome.exit_code
-    return 1 if failed else 0
 
 
 def _profiler(request: RunRequest):
