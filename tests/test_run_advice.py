@@ -96,8 +96,8 @@ def test_html_report_is_self_contained_with_chart_findings_and_advice(varlen):
 @pytest.fixture(scope="module")
 def head_dim(tmp_path_factory):
     out = tmp_path_factory.mktemp("head_dim")
-    return (out, *tpukit_run(out, "--profile", "--logdir", str(out / "prof"), "--profile-steps",
-                             "2:3", str(RUN / "head_dim.py")))
+    return (out, *tpukit_run(out, "--format", "json", "--profile", "--logdir", str(out / "prof"),
+                             "--profile-steps", "2:3", str(RUN / "head_dim.py")))
 
 
 def test_head_dim_64_is_named_at_its_class_with_numbers(head_dim):
@@ -118,7 +118,7 @@ def test_head_dim_64_is_named_at_its_class_with_numbers(head_dim):
     mha = by_dim[32]
     assert mha["line"] == line_of(path, "x, _ = self.cross(")  # torch's class: the calling line
     assert mha["extra"]["padded_head_dim"] == 128
-    assert "TPU705" in proc.stderr
+    assert '"code": "TPU705"' in proc.stdout  # --format json
 
 
 def test_profile_writes_an_xplane_and_prints_the_top_ops(head_dim):
@@ -135,3 +135,10 @@ def test_profile_writes_an_xplane_and_prints_the_top_ops(head_dim):
     assert len(rows) == len(profile["top_ops"])
     assert profile["top_ops"][0]["name"][:20] in rows[0]
     assert f"tensorboard --logdir {out / 'prof'}" in proc.stderr
+
+
+def test_with_format_json_the_report_follows_the_script_output_on_stdout(head_dim):
+    _, proc, report = head_dim
+    script_output, _, rest = proc.stdout.partition("done\n")
+    assert script_output == ""
+    assert json.loads(rest)["summary"]["profile"]["steps"] == report["summary"]["profile"]["steps"]
