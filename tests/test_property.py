@@ -121,3 +121,20 @@ def test_cuda_programs_migrate_to_valid_idempotent_code(program):
 def test_no_cuda_idiom_is_byte_identical_even_when_parsed(name):
     source = f"import torch  # cuda\n{name} = 1\nprint('{name}', {name})\n"
     assert migrate_source(source, "g.py", ALL).new_source == source
+
+
+TORCHTPU = MigrateOptions(rules=ALL.rules, target="torchtpu", eager_mode="fused")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cuda_programs())
+def test_cuda_programs_migrate_for_torchtpu_to_valid_idempotent_code(program):
+    source, plain = program
+    migration = migrate_source(source, "g.py", TORCHTPU)
+    assert compiles(migration.new_source), migration.new_source
+    out_lines = iter(migration.new_source.splitlines())
+    for line in plain:
+        assert any(candidate == line for candidate in out_lines), line
+    assert migrate_source(migration.new_source, "g.py", TORCHTPU).new_source == migration.new_source
+    assert "torch_xla" not in migration.new_source
+    assert migration.new_source.count("set_eager_mode(") <= 1
