@@ -451,7 +451,7 @@ def test_eager_mode_needs_a_file_that_uses_the_tpu():
 
 def test_eager_mode_brings_torch_when_the_file_has_only_a_device_string():
     new = migrate_source("device = 'cuda'\n", "t.py", torchtpu()).new_source
-    assert new.startswith("import torch_tpu\nimport torch\n") or new.startswith("import torch\nimport torch_tpu\n")
+    assert new.startswith(("import torch_tpu\nimport torch\n", "import torch\nimport torch_tpu\n"))
     assert "torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)\n" in new
     assert new.rstrip().endswith("device = 'tpu'")
     ast.parse(new)
