@@ -284,3 +284,69 @@ def test_migrate_dir_reports_torchrun_lines_in_shell_scripts(tmp_path, run_cli):
     assert script.read_text() == text  # reported, never rewritten
     ignored = run_cli("migrate", "--check", "--ignore", "TPU414", tmp_path, cwd=tmp_path)
     assert "TPU414" not in ignored.stdout and ignored.returncode == 0
+
+
+# -- the torchtpu target -----------------------------------------------------------------
+def test_target_torchtpu_rewrites_for_the_tpu_device_with_the_fused_eager_mode(project, run_cli):
+    run_cli("migrate", "--target", "torchtpu", "pkg", cwd=project, check_rc=0)
+    text = (project / "pkg" / "train.py").read_text()
+    assert 'device = torch.device("tpu")' in text and ".to(device)" in text
+    assert "import torch_tpu\n" in text and "torch_xla" not in text
+    assert text.count("torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)") == 1
+    again = run_cli("migrate", "--target", "torchtpu", "pkg", cwd=project, check_rc=0)
+    assert "Changed 0 of 2 files" in again.stdout
+
+
+@pytest.mark.parametrize("mode,member", [("debug", "DEFER_NEVER_AND_LAUNCH_BLOCKING"),
+                                         ("strict", "DEFER_NEVER"), ("fused", "DEFER_AND_FUSE")])
+def test_eager_mode_option_picks_the_eager_mode_member(tmp_path, run_cli, mode, member):
+    (tmp_path / "t.py").write_text(CUDA_SCRIPT)
+    run_cli("migrate", "--target", "torchtpu", "--eager-mode", mode, "t.py", cwd=tmp_path, check_rc=0)
+    assert f"torch.tpu.set_eager_mode(torch.tpu.EagerMode.{member})\n" in (tmp_path / "t.py").read_text()
+
+
+def test_eager_mode_without_the_torchtpu_target_is_a_usage_error(tmp_path, run_cli):
+    (tmp_path / "t.py").write_text(CUDA_SCRIPT)
+    proc = run_cli("migrate", "--eager-mode", "strict", "t.py", cwd=tmp_path, check_rc=2)
+    assert proc.stderr.strip().splitlines() == [
+        "tpukit: error: --eager-mode applies to --target torchtpu only (the target is 'xla')"]
+    proc = run_cli("migrate", "--target", "torchtpu", "--eager-mode", "lazy", "t.py", cwd=tmp_path,
+                   check_rc=2)
+    assert "unknown eager mode 'lazy'" in proc.stderr
+    assert (tmp_path / "t.py").read_text() == CUDA_SCRIPT
+
+
+def test_config_target_and_eager_mode(tmp_path, run_cli):
+    (tmp_path / "t.py").write_text(CUDA_SCRIPT)
+    (tmp_path / "pyproject.toml").write_text('[tool.tpukit]\ntarget = "torchtpu"\neager-mode = "debug"\n')
+    run_cli("migrate", "t.py", cwd=tmp_path, check_rc=0)
+    text = (tmp_path / "t.py").read_text()
+    assert 'torch.device("tpu")' in text and "EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING" in text
+    (tmp_path / "pyproject.toml").write_text('[tool.tpukit]\neager-mode = "lazy"\n')
+    proc = run_cli("migrate", "t.py", cwd=tmp_path, check_rc=2)
+    assert "eager-mode must be one of debug, strict, fused" in proc.stderr
+
+
+def test_torchtpu_target_reports_a_bad_file_in_one_line_and_leaves_it(tmp_path, run_cli):
+    (tmp_path / "bad.py").write_text("import torch\nx = torch.zeros(2).cuda(\n")
+    proc = run_cli("migrate", "--target", "torchtpu", "bad.py", cwd=tmp_path, check_rc=2)
+    errors = [line for line in proc.stderr.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("bad.py:")
+    assert (tmp_path / "bad.py").read_text() == "import torch\nx = torch.zeros(2).cuda(\n"
+
+
+def test_rules_page_shows_both_targets_side_by_side(run_cli):
+    page = run_cli("rules", "TPU112", check_rc=0).stdout
+    header = next(line for line in page.splitlines() if "xla" in line and "torchtpu" in line)
+    assert header.index("xla") < header.index("torchtpu")
+    assert "torch.tpu.synchronize()" in page and "torch_xla.sync()" in page
+    skipped = run_cli("rules", "TPU303", check_rc=0).stdout
+    assert "nothing to do on this target" in skipped
+    data = json.loads(run_cli("rules", "TPU301", "--format", "json", check_rc=0).stdout)
+    assert data[0]["targets"]["torchtpu"]["skip"] is True
+
+
+def test_shell_launch_advice_follows_the_target(tmp_path, run_cli):
+    (tmp_path / "launch.sh").write_text("torchrun --nproc_per_node=8 train.py\n")
+    proc = run_cli("migrate", "--check", "--target", "torchtpu", ".", cwd=tmp_path, check_rc=1)
+    assert "set_tpu_launch_env" in proc.stdout and "torch_xla.launch" not in proc.stdout

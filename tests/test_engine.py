@@ -420,3 +420,43 @@ def test_tied_weights_are_retied_after_a_chained_move():
     )
     result = out(source)
     assert result.endswith("lm = LM().to(device)\nlm.emb.weight = lm.head.weight\n")
+
+
+# -- torchtpu: the eager mode set at start-up -------------------------------------------------
+def torchtpu(eager_mode: str | None = "fused") -> MigrateOptions:
+    return MigrateOptions(rules=ALL.rules, target="torchtpu", eager_mode=eager_mode)
+
+
+def test_eager_mode_is_set_once_right_after_the_imports():
+    source = 'import os\nimport torch as th\n\n# the model\nmodel = Net().cuda()\n'
+    new = migrate_source(source, "t.py", torchtpu("strict")).new_source
+    assert new == ('import os\nimport torch as th\nimport torch_tpu\n\n'
+                   'th.tpu.set_eager_mode(th.tpu.EagerMode.DEFER_NEVER)\n\n'
+                   '# the model\nmodel = Net().to("tpu")\n')
+    assert migrate_source(new, "t.py", torchtpu("strict")).new_source == new
+
+
+def test_eager_mode_is_not_set_twice_even_with_another_mode():
+    source = ('import torch\nimport torch_tpu\n\ntorch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)\n'
+              'x = torch.zeros(2).cuda()\n')
+    new = migrate_source(source, "t.py", torchtpu("fused")).new_source
+    assert new.count("set_eager_mode") == 1 and '.to("tpu")' in new
+
+
+def test_eager_mode_needs_a_file_that_uses_the_tpu():
+    source = "import torch\ntorch.backends.cudnn.benchmark = True\n"
+    new = migrate_source(source, "t.py", torchtpu()).new_source
+    assert "torch_tpu" not in new and "set_eager_mode" not in new
+
+
+def test_eager_mode_brings_torch_when_the_file_has_only_a_device_string():
+    new = migrate_source("device = 'cuda'\n", "t.py", torchtpu()).new_source
+    assert new.startswith(("import torch_tpu\nimport torch\n", "import torch\nimport torch_tpu\n"))
+    assert "torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)\n" in new
+    assert new.rstrip().endswith("device = 'tpu'")
+    ast.parse(new)
+
+
+def test_no_eager_mode_without_the_option():
+    new = migrate_source("import torch\nx = torch.zeros(2).cuda()\n", "t.py", torchtpu(None)).new_source
+    assert "set_eager_mode" not in new and "import torch_tpu" in new

@@ -12,10 +12,13 @@ from tpukit.rules import TARGETS, load_rules, rules_dir, select_rules
 
 RULES = load_rules()
 ALL = MigrateOptions(rules=select_rules([], []))
+OPTIONS = {target: MigrateOptions(rules=ALL.rules, target=target) for target in TARGETS}
+# Every example is a test for every target it names (`xla = ...`, `torchtpu = ...`).
 EXAMPLES = [
-    pytest.param(rule, i, example, id=f"{code}-example{i + 1}")
+    pytest.param(rule, target, example, id=f"{code}-example{i + 1}-{target}")
     for code, rule in RULES.items()
     for i, example in enumerate(rule.examples)
+    for target in example.expected
 ]
 
 
@@ -49,29 +52,46 @@ def test_migrate_runs_only_code_rules():
     assert not any(r.code == "TPU001" for r in ALL.rules if r.checks_code)
 
 
-@pytest.mark.parametrize("rule,index,example", EXAMPLES)
-def test_example_migrates_to_its_expected_form(rule, index, example):
+@pytest.mark.parametrize("rule,target,example", EXAMPLES)
+def test_example_migrates_to_its_expected_form(rule, target, example):
     before = example.before.lstrip("\n")
-    migration = migrate_source(before, "example.py", ALL)
-    expected = example.expected["xla"].lstrip("\n")
+    migration = migrate_source(before, "example.py", OPTIONS[target])
+    expected = example.expected[target].lstrip("\n")
     assert migration.new_source == expected
     codes = {f.code for f in migration.findings}
-    if example.codes is not None:
-        assert codes == set(example.codes)
-    else:
+    if rule.skips(target):
+        assert rule.code not in codes  # nothing to do on this target: not even a finding
+    if example.codes_for(target) is not None:
+        assert codes == set(example.codes_for(target))
+    elif not rule.skips(target):
         assert rule.code in codes
 
 
-@pytest.mark.parametrize("rule,index,example", EXAMPLES)
-def test_example_output_is_python_and_a_fixed_point(rule, index, example):
-    expected = example.expected["xla"].lstrip("\n")
+@pytest.mark.parametrize("rule,target,example", EXAMPLES)
+def test_example_output_is_python_and_a_fixed_point(rule, target, example):
+    expected = example.expected[target].lstrip("\n")
     ast.parse(expected)
-    again = migrate_source(expected, "example.py", ALL)
+    again = migrate_source(expected, "example.py", OPTIONS[target])
     assert again.new_source == expected
 
 
-@pytest.mark.parametrize("rule,index,example", EXAMPLES)
-def test_example_trigger_prefilter_admits_the_example(rule, index, example):
+@pytest.mark.parametrize("rule", [r for r in RULES.values() if r.checks_code], ids=lambda r: r.code)
+def test_every_code_rule_says_what_it_does_on_torchtpu(rule):
+    # A mapping, a note on why there is nothing to do, or the target's own finding wording.
+    table = rule.target("torchtpu")
+    assert table or rule.fix_for("torchtpu").value == "none", f"{rule.code}: no [targets.torchtpu]"
+    if rule.skips("torchtpu"):
+        assert table.get("note"), f"{rule.code} skips torchtpu without saying why"
+
+
+@pytest.mark.parametrize("rule", [r for r in RULES.values() if r.checks_code and r.fix.value != "none"],
+                         ids=lambda r: r.code)
+def test_every_rewriting_rule_has_a_torchtpu_example(rule):
+    assert any("torchtpu" in e.expected for e in rule.examples), f"{rule.code}: no torchtpu example"
+
+
+@pytest.mark.parametrize("rule,target,example", EXAMPLES)
+def test_example_trigger_prefilter_admits_the_example(rule, target, example):
     # A trigger that does not occur in the rule's own example would skip the file unparsed.
     assert any(t in example.before for t in rule.triggers)
 

@@ -1,4 +1,5 @@
-"""Regenerate fixtures/*/xla.py from fixtures/*/cuda.py. Review the git diff before committing:
+"""Regenerate each fixture's goldens from fixtures/*/cuda.py, for every target: xla.py and
+findings.txt, torchtpu.py and findings_torchtpu.txt. Review the git diff before committing:
 the goldens are the spec, not a snapshot to accept blindly.
 
     .venv/bin/python tests/update_goldens.py
@@ -8,28 +9,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpukit.migrate.engine import MigrateOptions, migrate_source
-from tpukit.rules import select_rules
+from test_fixtures import GOLDENS, OPTIONS, findings_text
+from tpukit.migrate.engine import migrate_source
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
+def _write(path: Path, text: str) -> None:
+    old = path.read_text(encoding="utf-8") if path.exists() else None
+    if old != text:
+        path.write_text(text, encoding="utf-8")
+        print(f"updated {path.relative_to(FIXTURES.parent)}")
+
+
 def main() -> None:
-    options = MigrateOptions(rules=select_rules([], []))
     for source in sorted(FIXTURES.glob("*/cuda.py")):
-        migration = migrate_source(source.read_text(encoding="utf-8"), "cuda.py", options)
-        golden = source.with_name("xla.py")
-        old = golden.read_text(encoding="utf-8") if golden.exists() else None
-        if old != migration.new_source:
-            golden.write_text(migration.new_source, encoding="utf-8")
-            print(f"updated {golden.relative_to(FIXTURES.parent)}")
-        findings = source.with_name("findings.txt")
-        text = "".join(
-            f"{f.location.line}:{f.location.col} {f.code} {f.message}\n" for f in migration.findings
-        )
-        if not findings.exists() or findings.read_text(encoding="utf-8") != text:
-            findings.write_text(text, encoding="utf-8")
-            print(f"updated {findings.relative_to(FIXTURES.parent)}")
+        for target, (code, findings) in GOLDENS.items():
+            migration = migrate_source(source.read_text(encoding="utf-8"), "cuda.py", OPTIONS[target])
+            _write(source.with_name(code), migration.new_source)
+            _write(source.with_name(findings), findings_text(migration.findings))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from tpukit import __version__
-from tpukit.config import ConfigError, load_config
+from tpukit.config import DEFAULT_EAGER_MODE, EAGER_MODES, ConfigError, load_config
 from tpukit.render import Format
 from tpukit.rules import TARGETS, RuleError, load_rules, unknown_prefixes
 
@@ -61,6 +61,10 @@ def migrate(
                                        help="Write migrated copies under this folder, "
                                             "mirroring the tree; leave the originals alone."),
     target: Optional[str] = typer.Option(None, "--target", help="xla (default) or torchtpu."),
+    eager_mode: Optional[str] = typer.Option(
+        None, "--eager-mode",
+        help="torchtpu only: debug, strict or fused (default): the TorchTPU eager mode set at "
+             "start-up."),
     select: Optional[List[str]] = typer.Option(None, "--select",
                                                help="Only these codes or prefixes (TPU1,TPU901)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip these codes or prefixes."),
@@ -86,8 +90,14 @@ def migrate(
         if target not in TARGETS:
             fail(f"unknown target {target!r}: choose {' or '.join(TARGETS)}")
         config.target = target
-    if config.target != "xla":
-        fail(f"target {config.target!r} is not supported yet; use --target xla")
+    if eager_mode is not None:
+        if eager_mode not in EAGER_MODES:
+            fail(f"unknown eager mode {eager_mode!r}: choose {', '.join(EAGER_MODES)}")
+        if config.target != "torchtpu":
+            fail(f"--eager-mode applies to --target torchtpu only (the target is {config.target!r})")
+        config.eager_mode = eager_mode
+    if config.target == "torchtpu" and config.eager_mode is None:
+        config.eager_mode = DEFAULT_EAGER_MODE
     config.unsafe_fixes = config.unsafe_fixes or unsafe_fixes
     mode = Mode.DIFF if diff else Mode.CHECK if check else Mode.OUT if out else Mode.WRITE
     request = MigrateRequest(

@@ -1,4 +1,4 @@
-"""`[tool.tpukit]` in the nearest pyproject.toml: select, ignore, exclude, target."""
+"""`[tool.tpukit]` in the nearest pyproject.toml: select, ignore, exclude, target, eager-mode."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ from pathlib import Path
 
 from tpukit.rules import TARGETS
 
-KEYS = {"select", "ignore", "exclude", "target", "unsafe-fixes"}
+KEYS = {"select", "ignore", "exclude", "target", "unsafe-fixes", "eager-mode"}
+# TorchTPU's eager modes, by the name `--eager-mode` takes: the `torch.tpu.EagerMode` member.
+EAGER_MODES = {
+    "debug": "DEFER_NEVER_AND_LAUNCH_BLOCKING",
+    "strict": "DEFER_NEVER",
+    "fused": "DEFER_AND_FUSE",
+}
+DEFAULT_EAGER_MODE = "fused"
 
 
 class ConfigError(Exception):
@@ -22,6 +29,7 @@ class Config:
     exclude: list[str] = field(default_factory=list)
     target: str = "xla"
     unsafe_fixes: bool = False
+    eager_mode: str | None = None  # torchtpu only; None: the default, fused
     path: Path | None = None  # the pyproject.toml it came from
     root: Path = field(default_factory=Path.cwd)  # exclude patterns are relative to this
 
@@ -56,12 +64,17 @@ def load_config(start: Path) -> Config:
     target = section.get("target", "xla")
     if target not in TARGETS:
         raise ConfigError(f"{path}: [tool.tpukit] target must be one of {', '.join(TARGETS)}")
+    eager_mode = section.get("eager-mode")
+    if eager_mode is not None and eager_mode not in EAGER_MODES:
+        raise ConfigError(
+            f"{path}: [tool.tpukit] eager-mode must be one of {', '.join(EAGER_MODES)}")
     return Config(
         select=section.get("select", []),
         ignore=section.get("ignore", []),
         exclude=section.get("exclude", []),
         target=target,
         unsafe_fixes=bool(section.get("unsafe-fixes", False)),
+        eager_mode=eager_mode,
         path=path,
         root=path.parent,
     )

@@ -46,8 +46,12 @@ def _mapping_lines(rule: Rule, target: str) -> list[str]:
     mapping = rule.target(target)
     if not mapping:
         return ["(finding only: no automatic rewrite)"]
+    if rule.skips(target):
+        return [f"nothing to do on this target: {mapping.get('note', '')}".rstrip(": ")]
     lines = []
     for key, value in mapping.items():
+        if key == "messages":
+            continue  # the wording of its findings, not a mapping
         if key == "calls":
             for name, entry in value.items():
                 if "replace" in entry:

@@ -31,6 +31,11 @@ class Example:
     before: str
     expected: dict[str, str]  # target -> migrated source; a target absent here is not tested
     codes: tuple[str, ...] | None = None  # exactly the codes reported on `before`, if given
+    # `codes_<target>`: the codes on a target where they differ from `codes`
+    target_codes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def codes_for(self, target: str) -> tuple[str, ...] | None:
+        return self.target_codes.get(target, self.codes)
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,18 @@ class Rule:
 
     def target(self, target: str) -> dict:
         return self.targets.get(target, {})
+
+    def skips(self, target: str) -> bool:
+        """Nothing to do on this target (`skip = true` in its table, with a `note` saying why)."""
+        return bool(self.target(target).get("skip"))
+
+    def fix_for(self, target: str) -> FixKind:
+        """The fix kind on this target: a target table may override the rule's (`fix = "safe"`
+        where the target has the API that another target lacks)."""
+        return FixKind(self.target(target).get("fix", self.fix.value))
+
+    def message_for(self, target: str) -> str:
+        return self.target(target).get("message", self.message).strip()
 
     @property
     def checks_code(self) -> bool:
@@ -90,12 +107,15 @@ def _parse(path: Path) -> Rule:
             raise RuleError(f"{path}: an example has no 'before'")
         expected = {t: raw[t] for t in TARGETS if t in raw}
         codes = tuple(raw["codes"]) if "codes" in raw else None
-        examples.append(Example(raw["before"], expected, codes))
+        target_codes = {t: tuple(raw[f"codes_{t}"]) for t in TARGETS if f"codes_{t}" in raw}
+        examples.append(Example(raw["before"], expected, codes, target_codes))
     code_rule = data.get("engine") not in NON_CODE_ENGINES
     if not examples and code_rule:  # environment checks and run findings have no code
         raise RuleError(f"{path}: a rule needs at least one example (examples are its tests)")
     try:
         severity, fix = Severity(data["severity"]), FixKind(data["fix"])
+        for table in targets.values():
+            FixKind(table.get("fix", fix.value))
     except ValueError as exc:
         raise RuleError(f"{path}: {exc}") from exc
     known = set(_REQUIRED) | {"targets", "examples", "triggers", "message", "statement_triggers"}

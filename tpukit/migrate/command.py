@@ -76,6 +76,7 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
             mode=request.mode,
             codes=codes,
             target=cfg.target,
+            eager_mode=cfg.eager_mode if cfg.target == "torchtpu" else None,
             unsafe_fixes=cfg.unsafe_fixes,
             out_path=_mirror(f, base, request.out_dir) if request.out_dir else None,
         )
@@ -139,7 +140,8 @@ def shell_findings(request: MigrateRequest) -> tuple[list, int]:
         return [], 0
     cfg = request.config
     scripts = discover(request.paths, list(cfg.exclude), cfg.root, suffix=".sh")
-    return [f for s in scripts for f in scan_shell(s, display_path(s))], len(scripts)
+    return ([f for s in scripts for f in scan_shell(s, display_path(s), cfg.target)],
+            len(scripts))
 
 
 def run_migrate(request: MigrateRequest) -> int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from tpukit.findings import FixKind
-from tpukit.rules import Rule
+from tpukit.rules import Rule, load_rules
 
 # Alias -> how to import it. Replacement templates use these names and nothing else.
 IMPORTS: dict[str, tuple[str, str | None]] = {
@@ -25,10 +25,12 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
     "xp": ("torch_xla.debug.profiler", "xp"),
     "pl": ("torch_xla.distributed.parallel_loader", "pl"),
     "torch": ("torch", None),
+    "torch_tpu": ("torch_tpu", None),
 }
 _ALIAS_USE = re.compile(r"\b(" + "|".join(IMPORTS) + r")\.")
 
 _CUDA_DEVICE = re.compile(r"^cuda(:\d+)?$")
+_TORCH_PREFIX = re.compile(r"(?<![\w.])torch\.")
 _LAUNCH_CALL = re.compile(r"\b(?:mp|multiprocessing|torch_xla)\.(?:spawn|launch)\(|\bspawn\(")
 
 
@@ -203,6 +205,13 @@ class MigrationContext:
         self._memo: dict = {}
         # Names bound to the script's device, innermost scope last.
         self.device_scopes: list[set[str]] = [set()]
+        # The target's device, as the device rule (TPU101) maps it: an object, what `.to()`
+        # and `device=` take when the script has no device variable, and the type string.
+        device = load_rules()["TPU101"].target(target)
+        self.device_object: str = device["replace"]
+        self.device_move: str = device.get("move_to", self.device_object)
+        self.device_type: str = device["device_type"]
+        self.device_module: str = device["imports"][0]
 
     # -- names -------------------------------------------------------------------
     def add_import(self, node: cst.Import) -> None:
@@ -269,13 +278,14 @@ class MigrationContext:
         return None
 
     def device_expr(self) -> cst.BaseExpression:
-        """The script's device variable when one is in scope, else the XLA device."""
+        """The script's device variable when one is in scope, else the target's device."""
         name = self.device_in_scope()
-        return cst.Name(name) if name else self.expr("torch_xla.device()")
+        return cst.Name(name) if name else self.expr(self.device_move)
 
     # -- fixes and findings ---------------------------------------------------------
     def can_fix(self, rule: Rule) -> bool:
-        return rule.fix is FixKind.SAFE or (rule.fix is FixKind.UNSAFE and self.unsafe_fixes)
+        fix = rule.fix_for(self.target)
+        return fix is FixKind.SAFE or (fix is FixKind.UNSAFE and self.unsafe_fixes)
 
     def report(
         self,
@@ -291,17 +301,27 @@ class MigrationContext:
             self.handled.add(id(node.func))
         self.reports.append(Report(rule, node, message, applied, self.current_top, fix, extra))
 
+    def _needs(self, template: str) -> str:
+        """Note the imports a template needs; `torch.` is written as this file names torch."""
+        if self.target == "torchtpu" and "tpu" in template:
+            self.imports_needed.add("torch_tpu")  # registers the "tpu" device and torch.tpu
+        if _TORCH_PREFIX.search(template):
+            name = self.torch_name()
+            if name != "torch":
+                template = _TORCH_PREFIX.sub(f"{name}.", template)
+        self.imports_needed.update(_ALIAS_USE.findall(template))
+        return template
+
     def expr(self, template: str) -> cst.BaseExpression:
         """Parse a replacement expression and note the imports it needs."""
-        self.imports_needed.update(_ALIAS_USE.findall(template))
+        template = self._needs(template)
         if any('"' in quote for quote in self.fstring_quotes):
             # Inside f"...{here}...": before Python 3.12 a nested string needs other quotes.
             template = template.replace('"', "'")
         return cst.parse_expression(template)
 
     def statement(self, template: str) -> cst.BaseSmallStatement:
-        self.imports_needed.update(_ALIAS_USE.findall(template))
-        return cst.parse_statement(template).body[0]
+        return cst.parse_statement(self._needs(template)).body[0]
 
     def need_import(self, alias: str) -> None:
         self.imports_needed.add(alias)

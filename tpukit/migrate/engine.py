@@ -16,6 +16,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
 
+from tpukit.config import EAGER_MODES
 from tpukit.findings import Finding, Location
 from tpukit.migrate import helpers
 from tpukit.migrate.context import IMPORTS, MigrationContext, dotted
@@ -41,6 +42,8 @@ class MigrateOptions:
     rules: list[Rule]
     target: str = "xla"
     unsafe_fixes: bool = False
+    # torchtpu: the `--eager-mode` name set at start-up (None: no set_eager_mode call).
+    eager_mode: str | None = None
     # False: only decide whether anything changes (check mode): skips the import fix-up.
     render_source: bool = True
 
@@ -73,6 +76,8 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
     transforms = []
     triggers = set(statement_triggers_of(options.rules))
     for rule in options.rules:
+        if rule.skips(options.target):
+            continue
         cls = transform_for(rule)
         if cls is not None:
             transforms.append(cls(rule, ctx))
@@ -90,9 +95,26 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
         return Migration(source, source, findings, changed=True)
     new_module = _fix_imports(new_module, ctx)
     new_module = helpers.insert(new_module, ctx.helpers_needed)
+    if options.eager_mode is not None and "set_eager_mode" not in source:
+        new_module = _set_eager_mode(new_module, ctx, options.eager_mode)
     new_source = new_module.code
     _check_still_python(source, new_source, path)
     return Migration(source, new_source, findings, changed=new_source != source)
+
+
+def _set_eager_mode(module: cst.Module, ctx: MigrationContext, mode: str) -> cst.Module:
+    """TorchTPU's eager mode (`--eager-mode`), set once right after the imports of a file that
+    the rewrite made import torch_tpu: before the first op on the device."""
+    if not helpers.imports_module(module, "torch_tpu"):
+        return module
+    torch = next((name for name, full in ctx.aliases.items() if full == "torch"), None)
+    if torch is None:
+        context = CodemodContext()
+        AddImportsVisitor.add_needed_import(context, "torch")
+        module, torch = AddImportsVisitor(context).transform_module(module), "torch"
+    member = EAGER_MODES[mode]
+    return helpers.insert_statement(
+        module, f"{torch}.tpu.set_eager_mode({torch}.tpu.EagerMode.{member})")
 
 
 class MigrationBug(Exception):
@@ -158,7 +180,7 @@ def _findings(ctx: MigrationContext, module: cst.Module, layout: Layout, path: s
                 severity=report.rule.severity,
                 message=report.message,
                 location=location,
-                fix=report.fix or report.rule.fix,
+                fix=report.fix or report.rule.fix_for(ctx.target),
                 applied=report.applied,
                 extra=report.extra,
             )
@@ -355,8 +377,10 @@ def _fix_imports(module: cst.Module, ctx: MigrationContext) -> cst.Module:
     # Only what the final code uses: a rewrite inside a node that an outer rewrite then
     # replaced whole (a "cuda" -> "xla" inside a map_location that became "cpu") needs nothing.
     needed = {alias for alias in wanted if uses.names.get(alias)}
-    if "torch_xla" in wanted and uses.xla_strings:
+    if "torch_xla" in wanted and "xla" in uses.device_strings:
         needed.add("torch_xla")  # 'xla' device strings work once torch_xla is imported
+    if "torch_tpu" in wanted and (uses.device_strings & {"tpu", "tpu_dist"} or uses.torch_tpu):
+        needed.add("torch_tpu")  # registers the 'tpu' device, torch.tpu and "tpu_dist"
     for helper in ctx.helpers_needed:  # inserted after this, so not counted above
         needed.update(helpers.IMPORTS_OF[helper])
     if not needed and not ctx.side_effect_imports:
@@ -373,14 +397,19 @@ def _fix_imports(module: cst.Module, ctx: MigrationContext) -> cst.Module:
 class _NameUses(cst.CSTVisitor):
     """Counts uses of names and of dotted prefixes outside import statements."""
 
+    DEVICE_STRINGS = frozenset({"xla", "tpu", "tpu_dist"})
+
     def __init__(self) -> None:
         self.names: dict[str, int] = {}
         self.dotted: dict[str, int] = {}
-        self.xla_strings = False
+        self.device_strings: set[str] = set()  # "xla", "tpu", "tpu_dist" literals
+        self.torch_tpu = False  # some `torch.tpu.*` (or `th.tpu.*`) is used
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
-        if not self.xla_strings and len(node.value) <= 8 and "xla" in node.value:
-            self.xla_strings = node.evaluated_value == "xla"
+        if len(node.value) <= 13 and ("xla" in node.value or "tpu" in node.value):
+            value = node.evaluated_value
+            if value in self.DEVICE_STRINGS:
+                self.device_strings.add(value)
 
     def visit_Import(self, node) -> bool:
         return False
@@ -395,6 +424,7 @@ class _NameUses(cst.CSTVisitor):
         path = dotted(node)
         if path:
             self.dotted[path] = self.dotted.get(path, 0) + 1
+            self.torch_tpu = self.torch_tpu or path.split(".")[1:2] == ["tpu"]
         node.value.visit(self)  # `x.autocast`: the attribute name is not a use of `autocast`
         return False
 

@@ -42,6 +42,7 @@ class Job:
     target: str
     unsafe_fixes: bool
     out_path: Path | None = None
+    eager_mode: str | None = None
 
 
 @dataclass
@@ -162,6 +163,7 @@ def process(job: Job) -> FileResult:
         rules=[rules[c] for c in job.codes],
         target=job.target,
         unsafe_fixes=job.unsafe_fixes,
+        eager_mode=job.eager_mode,
         render_source=job.mode is not Mode.CHECK,
     )
     try:

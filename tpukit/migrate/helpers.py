@@ -32,18 +32,42 @@ def _is_import_line(stmt: cst.CSTNode) -> bool:
     )
 
 
-def insert(module: cst.Module, names: set[str]) -> cst.Module:
-    missing = sorted(names - _defined(module))
-    if not missing:
-        return module
-    body = list(module.body)
-    # After the last import of the file's opening block of imports (and docstring).
+def _after_imports(body: list) -> int:
+    """The index after the last import of the file's opening block of imports (and docstring)."""
     position = 0
     for i, stmt in enumerate(body):
         if _is_import_line(stmt):
             position = i + 1
         elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             break
+    return position
+
+
+def imports_module(module: cst.Module, name: str) -> bool:
+    """Does the file import `name` (`import name`) at its top level?"""
+    return any(
+        isinstance(s, cst.Import) and any(a.name.value == name and a.asname is None for a in s.names)
+        for stmt in module.body if _is_import_line(stmt) for s in stmt.body
+    )
+
+
+def insert_statement(module: cst.Module, code: str) -> cst.Module:
+    """`code` as a statement of its own right after the file's imports, set off by a blank line."""
+    body = list(module.body)
+    position = _after_imports(body)
+    statement = cst.parse_statement(code + "\n").with_changes(leading_lines=[cst.EmptyLine()])
+    if position < len(body) and not body[position].leading_lines:
+        body[position] = body[position].with_changes(leading_lines=[cst.EmptyLine()])
+    body.insert(position, statement)
+    return module.with_changes(body=body)
+
+
+def insert(module: cst.Module, names: set[str]) -> cst.Module:
+    missing = sorted(names - _defined(module))
+    if not missing:
+        return module
+    body = list(module.body)
+    position = _after_imports(body)
     new = []
     for name in missing:
         func = cst.parse_statement(SOURCES[name].strip() + "\n")

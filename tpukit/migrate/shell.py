@@ -15,7 +15,19 @@ _LAUNCH = re.compile(r"(?<![\w-])(torchrun|python[\d.]*\s+-m\s+torch\.distribute
 _NPROC = re.compile(r"--nproc[_-]per[_-]node[= ](\S+)")
 
 
-def scan_shell(path: Path, display: str) -> list[Finding]:
+def _advice(tool: str, per_node: str, target: str) -> str:
+    if target == "torchtpu":
+        return (f"`{tool}` starts one process per GPU{per_node}: TorchTPU keeps torchrun, with one "
+                "process per chip, once TorchTPU's launch environment (the TORCH_TPU_* variables) "
+                "is exported: `torch.tpu.distributed.set_tpu_launch_env(nproc_per_node=N)` in a "
+                "Python parent, then torchrun")
+    return (f"`{tool}` starts one process per GPU{per_node}: on a TPU VM run the "
+            "script with plain `python` after `tpukit migrate` (torch_xla.launch starts one "
+            "process per TPU chip), or keep torchrun with `PJRT_DEVICE=TPU` and "
+            "`--nproc_per_node` set to the chips per host")
+
+
+def scan_shell(path: Path, display: str, target: str = "xla") -> list[Finding]:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -30,10 +42,7 @@ def scan_shell(path: Path, display: str) -> list[Finding]:
             continue
         nproc = _NPROC.search(line)
         per_node = f" (`--nproc_per_node={nproc.group(1)}` counts GPUs)" if nproc else ""
-        message = (f"`{match.group(1)}` starts one process per GPU{per_node}: on a TPU VM run the "
-                   "script with plain `python` after `tpukit migrate` (torch_xla.launch starts one "
-                   "process per TPU chip), or keep torchrun with `PJRT_DEVICE=TPU` and "
-                   "`--nproc_per_node` set to the chips per host")
+        message = _advice(match.group(1), per_node, target)
         findings.append(Finding(CODE, rule.severity, message,
                                 Location(display, number, match.start(1) + 1), name=rule.name))
     return findings

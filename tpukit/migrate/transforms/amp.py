@@ -92,7 +92,9 @@ class Autocast(Transform):
         torch = self.ctx.torch_name()
 
         def build():
-            args = [_arg('"xla"'), _arg(f"{torch}.bfloat16", "dtype")]
+            for module in self.mapping.get("imports", ()):  # the module that registers the device
+                self.ctx.need_import(module)
+            args = [_arg(f'"{self.mapping["device_type"]}"'), _arg(f"{torch}.bfloat16", "dtype")]
             args += [a for a in kept if a is not None]
             return updated.with_changes(
                 func=cst.parse_expression(f"{torch}.autocast"), args=with_commas(args)
@@ -100,8 +102,8 @@ class Autocast(Transform):
 
         return self.fix_or_report(
             original,
-            f"`{self.ctx.short(original)}` is CUDA fp16 autocast; on TPU use "
-            '`torch.autocast("xla", dtype=torch.bfloat16)`',
+            self.say("autocast", "`{code}` is CUDA fp16 autocast; on TPU use "
+                     '`torch.autocast("xla", dtype=torch.bfloat16)`', code=self.ctx.short(original)),
             build,
         )
 
@@ -262,8 +264,8 @@ class FusedOptimizer(Transform):
 
         return self.fix_or_report(
             original.args[fused],
-            f"`{self.ctx.short(original.args[fused])}`: fused optimizers are CUDA kernels; XLA fuses "
-            "the update into the step graph itself: removed",
+            self.say("fused", "`{code}`: fused optimizers are CUDA kernels; XLA fuses the update "
+                     "into the step graph itself: removed", code=self.ctx.short(original.args[fused])),
             build,
         )
 
@@ -349,8 +351,9 @@ class TiedWeights(Transform):
         ]
         return self.fix_or_report(
             original,
-            f"`{self.ctx.short(original)}` moves a model with tied weights ({', '.join(a for a, _ in ties)}); "
-            "on XLA the move creates new parameters and unties them: the tie is repeated after it",
+            self.say("tie", "`{code}` moves a model with tied weights ({ties}); on XLA the move "
+                     "creates new parameters and unties them: the tie is repeated after it",
+                     code=self.ctx.short(original), ties=", ".join(a for a, _ in ties)),
             lambda: cst.FlattenSentinel([updated, *lines]),
         )
 

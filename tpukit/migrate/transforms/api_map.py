@@ -41,7 +41,7 @@ class CallMap(Transform):
         return name, entry
 
     def _describe(self, call: cst.Call, new: str, entry: dict) -> str:
-        note = entry.get("note") or self.rule.message or self.rule.summary
+        note = entry.get("note") or self.rule.message_for(self.ctx.target) or self.rule.summary
         return f"`{self.ctx.short(call)}` -> `{new}`: {note}"
 
     def _manual(self, call: cst.Call, text: str) -> None:
@@ -78,7 +78,7 @@ class CallMap(Transform):
         if "replace" not in entry:
             text = entry.get("instead")
             if text is None:  # statement-only entry used as a value
-                text = "has no XLA equivalent as a value; " + (
+                text = self.say("value", "has no XLA equivalent as a value; ") + (
                     entry.get("remove") or "call it as a statement of its own"
                 )
             self._manual(node, text)

@@ -43,6 +43,12 @@ class Transform:
         only the file knows, e.g. a class whose instances the rule must follow)."""
         return set()
 
+    def say(self, key: str, default: str, /, **values) -> str:
+        """A message: this target's wording from the rule file (`[targets.T.messages]`) where
+        it differs from `default`; `{name}` fields are filled from `values`."""
+        template = self.mapping.get("messages", {}).get(key, default)
+        return template.format(**values)
+
     def fix_or_report(self, node: cst.CSTNode, message: str, build):
         """Report `node`; return `build()` when this rule may fix it here, else None."""
         fixable = bool(self.mapping) and self.ctx.can_fix(self.rule)

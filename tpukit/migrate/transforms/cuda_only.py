@@ -18,7 +18,7 @@ class CudaOnlyImport(Transform):
         return any(module == m or module.startswith(m + ".") for m in self.modules)
 
     def _report(self, node: cst.CSTNode, module: str) -> None:
-        self.ctx.report(self.rule, node, f"`{module}` is CUDA-only: {self.rule.message}", False)
+        self.ctx.report(self.rule, node, f"`{module}` is CUDA-only: {self.rule.message_for(self.ctx.target)}", False)
 
     def visit_Import(self, node: cst.Import):
         for alias in node.names:

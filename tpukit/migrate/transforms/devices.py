@@ -65,10 +65,16 @@ def names_a_device(expr: cst.BaseExpression) -> bool:
     return "device" in name or name in ("dev", "type")
 
 
-def xla_string(ctx, expr: cst.BaseExpression) -> cst.BaseExpression:
+def device_string(ctx, expr: cst.BaseExpression) -> cst.BaseExpression:
+    """The target's device type ('xla', 'tpu') in place of a CUDA device string."""
     if isinstance(expr, cst.SimpleString):
-        return with_string(expr, "xla")
-    return ctx.expr('"xla"')
+        return with_string(expr, ctx.device_type)
+    return ctx.expr(f'"{ctx.device_type}"')
+
+
+def need_device_module(ctx) -> None:
+    """Device strings work once the target's module is imported (`torch_xla`, `torch_tpu`)."""
+    ctx.need_import(ctx.device_module)
 
 
 @transform("TPU101")
@@ -76,20 +82,20 @@ class CudaDevice(Transform):
     def _to_xla_device(self, node: cst.CSTNode):
         return self.fix_or_report(
             node,
-            f"`{self.ctx.short(node)}` is a CUDA device; on TPU use the XLA device, "
-            "`torch_xla.device()`",
-            lambda: self.ctx.expr("torch_xla.device()"),
+            self.say("object", "`{code}` is a CUDA device; on TPU use the XLA device, "
+                     "`torch_xla.device()`", code=self.ctx.short(node)),
+            lambda: self.ctx.expr(self.ctx.device_object),
         )
 
     def _string_to_xla(self, node: cst.BaseExpression, context: str):
         def build():
-            self.ctx.need_import("torch_xla")
-            return xla_string(self.ctx, node)
+            need_device_module(self.ctx)
+            return device_string(self.ctx, node)
 
         return self.fix_or_report(
             node,
-            f"device string `{self.ctx.short(node)}` in {context}: on TPU the device type is "
-            "'xla' (with `import torch_xla`)",
+            self.say("string", "device string `{code}` in {context}: on TPU the device type is "
+                     "'xla' (with `import torch_xla`)", code=self.ctx.short(node), context=context),
             build,
         )
 
@@ -139,8 +145,8 @@ class CudaDevice(Transform):
             if keyword == "device" or (is_to and i == 0 and keyword is None):
                 replacement = self.fix_or_report(
                     old.value,
-                    f"`{ctx.short(old.value)}` is a CUDA device; on TPU move tensors to the "
-                    "XLA device",
+                    self.say("argument", "`{code}` is a CUDA device; on TPU move tensors to the "
+                             "XLA device", code=ctx.short(old.value)),
                     ctx.device_expr,
                 )
             elif is_add_argument and keyword == "default" and any("dev" in n for n in option_names):
@@ -202,8 +208,8 @@ class CudaMethod(Transform):
 
         return self.fix_or_report(
             original,
-            f"`{self.ctx.short(original)}` moves to a CUDA device; on TPU use "
-            "`.to(device)` with the XLA device",
+            self.say("method", "`{code}` moves to a CUDA device; on TPU use `.to(device)` with "
+                     "the XLA device", code=self.ctx.short(original)),
             build,
         )
 
@@ -213,10 +219,18 @@ class IsCuda(Transform):
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
         if original.attr.value != "is_cuda" or self.ctx.qualify(original.value):
             return None
+
+        def build():
+            if "attribute" in self.mapping:  # `.is_xla`
+                return updated.with_changes(attr=cst.Name(self.mapping["attribute"]))
+            # No `is_<device>` property: `x.device.type == "tpu"` (binds tighter than not/and/or).
+            return self.ctx.expr(self.mapping["expression"].format(self.ctx.code(updated.value)))
+
         return self.fix_or_report(
             original,
-            f"`{self.ctx.short(original)}` is never true on TPU; the XLA check is `.is_xla`",
-            lambda: updated.with_changes(attr=cst.Name("is_xla")),
+            self.say("check", "`{code}` is never true on TPU; the XLA check is `.is_xla`",
+                     code=self.ctx.short(original)),
+            build,
         )
 
 
@@ -254,8 +268,8 @@ class DeviceTypeComparison(Transform):
                     continue
                 replacement = self.fix_or_report(
                     literal,
-                    f"`{self.ctx.short(original)}` tests for CUDA; on TPU the device type "
-                    "is 'xla'",
+                    self.say("comparison", "`{code}` tests for CUDA; on TPU the device type "
+                             "is 'xla'", code=self.ctx.short(original)),
                     lambda lit=literal: self._xla(lit),
                 )
                 if replacement is not None:
@@ -270,5 +284,5 @@ class DeviceTypeComparison(Transform):
         return updated.with_changes(left=new_left, comparisons=targets)
 
     def _xla(self, literal):
-        self.ctx.need_import("torch_xla")
-        return xla_string(self.ctx, literal)
+        need_device_module(self.ctx)
+        return device_string(self.ctx, literal)

@@ -33,12 +33,6 @@ SPAWN_NAMES = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn
 SAMPLER_NAMES = {"torch.utils.data.distributed.DistributedSampler",
                  "torch.utils.data.DistributedSampler"}
 RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT")
-RANK_ENV = {
-    "LOCAL_RANK": "xr.local_ordinal()",
-    "RANK": "xr.global_ordinal()",
-    "WORLD_SIZE": "xr.world_size()",
-    "LOCAL_WORLD_SIZE": "xr.local_device_count()",
-}
 # Names that hold a process's rank (used as a CUDA device index) in DDP code.
 RANK_NAMES = {"rank", "local_rank", "global_rank", "gpu_id", "gpu", "device_id", "local_gpu"}
 WORLD_NAMES = {"world_size", "world", "nprocs", "ngpus", "n_gpus", "num_gpus", "ngpus_per_node"}
@@ -88,21 +82,30 @@ class ProcessGroup(Transform):
         if self.ctx.qualify(node.func) != INIT_PROCESS_GROUP:
             return None
         backend = node.args[0] if node.args and node.args[0].keyword is None else find_keyword(node, "backend")
-        if backend is not None and string_value(backend.value) == "xla":
-            return None
+        if backend is not None and (string_value(backend.value) or "").startswith(self.ctx.device_type):
+            return None  # "xla"; "tpu", "tpu_dist"
         kept = [a for a in node.args if a.keyword and a.keyword.value not in (
             "backend", "init_method", "rank", "world_size", "store")]
         func = self.ctx.code(node.func)
 
         def build():
-            self.ctx.side_effect_imports.add("torch_xla.distributed.xla_backend")
+            self.ctx.side_effect_imports.update(self.mapping.get("imports", ()))
+            if "backend" in self.mapping:  # only the backend changes; the rest stays PyTorch's
+                return self._with_backend(node, backend, self.mapping["backend"])
             call = self.ctx.expr(f'{func}("xla", init_method="xla://")')
             return call.with_changes(args=with_commas(list(call.args) + kept))
 
         return self.fix_or_report(
-            node, f"`{self.ctx.short(node)}`: the process group uses the XLA backend; "
-            '`init_method="xla://"` takes rank and world size from the launcher '
-            "(torch_xla.launch or torchrun)", build)
+            node, self.say("group", "`{code}`: the process group uses the XLA backend; "
+                           '`init_method="xla://"` takes rank and world size from the launcher '
+                           "(torch_xla.launch or torchrun)", code=self.ctx.short(node)), build)
+
+    def _with_backend(self, node: cst.Call, backend: cst.Arg | None, name: str) -> cst.Call:
+        value = self.ctx.expr(f'"{name}"')
+        if backend is None:
+            return node.with_changes(args=with_commas([keyword_arg("backend", value), *node.args]))
+        return node.with_changes(args=[a.with_changes(value=value) if a is backend else a
+                                       for a in node.args])
 
     def visit_Assign(self, node: cst.Assign):
         """`os.environ["MASTER_PORT"] = "12355"`: set-up only the CUDA process group needed."""
@@ -119,7 +122,7 @@ class ProcessGroup(Transform):
         return None
 
     def _remove_rendezvous(self, node: cst.CSTNode, key: str | None):
-        if key not in RENDEZVOUS_ENV:
+        if key not in RENDEZVOUS_ENV or self.mapping.get("rendezvous_env") == "keep":
             return None
         text = self.ctx.short(node)
         return self.fix_or_report(
@@ -136,19 +139,21 @@ class DistributedDataParallelArgs(Transform):
             return None
         dropped = [a for a in updated.args[1:] if (a.keyword is None and a is updated.args[1])
                    or (a.keyword and a.keyword.value in ("device_ids", "output_device"))]
+        bucket_view = self.mapping.get("bucket_view", False)
         bucket = find_keyword(original, "gradient_as_bucket_view")
-        if not dropped and bucket is not None:
+        if not dropped and (bucket is not None or not bucket_view):
             return None
 
         def build():
             args = [a for a in updated.args if a not in dropped]
-            if bucket is None:
+            if bucket is None and bucket_view:
                 args.append(_arg("gradient_as_bucket_view", "True", self.ctx))
             return updated.with_changes(args=with_commas(args))
 
         return self.fix_or_report(
-            original, f"`{self.ctx.short(original)}`: an XLA process has one device, so there are "
-            "no device_ids; `gradient_as_bucket_view=True` saves a copy of every gradient", build)
+            original, self.say("ddp", "`{code}`: an XLA process has one device, so there are "
+                               "no device_ids; `gradient_as_bucket_view=True` saves a copy of every "
+                               "gradient", code=self.ctx.short(original)), build)
 
 
 @transform("TPU403")
@@ -162,9 +167,10 @@ class DataParallel(Transform):
                              lambda: set(_DATA_PARALLEL_ASSIGN.findall(self.ctx.source)))
 
     def _message(self, node) -> str:
-        return (f"`{self.ctx.short(node)}` runs one process over all GPUs; on TPU each device "
-                "gets its own process: the model is used as it is (launch with torch_xla.launch "
-                "and wrap it in DDP for several devices)")
+        return self.say("wrapper", "`{code}` runs one process over all GPUs; on TPU each device "
+                        "gets its own process: the model is used as it is (launch with "
+                        "torch_xla.launch and wrap it in DDP for several devices)",
+                        code=self.ctx.short(node))
 
     def visit_Assign(self, node: cst.Assign):
         value = node.value
@@ -199,7 +205,29 @@ class SpawnLaunch(Transform):
     def extra_triggers(source: str) -> set[str]:
         return set(_SPAWNED.findall(source))  # the spawned function's own statement
 
+    def _spawn_statement(self, node, call: cst.BaseExpression):
+        """TorchTPU: `mp.spawn` stays; the parent sets TorchTPU's launch environment first."""
+        if ("before" not in self.mapping or not isinstance(call, cst.Call)
+                or self.ctx.qualify(call.func) not in SPAWN_NAMES
+                or "set_tpu_launch_env" in self.ctx.source):  # set already (migrated code)
+            return None
+        positional = [a for a in call.args if a.keyword is None]
+        nprocs = find_keyword(call, "nprocs") or (positional[2] if len(positional) > 2 else None)
+        before = self.mapping["before"].format(
+            nprocs=self.ctx.code(nprocs.value) if nprocs is not None else "1")
+        return self.fix_or_report(
+            call, self.say("spawn", "`{code}`", code=self.ctx.short(call)),
+            lambda: StatementPlan([self.ctx.statement(before), node]))
+
+    def visit_Expr(self, node: cst.Expr):
+        return self._spawn_statement(node, node.value)
+
+    def visit_Assign(self, node: cst.Assign):
+        return self._spawn_statement(node, node.value)
+
     def visit_Call(self, node: cst.Call):
+        if "before" in self.mapping:
+            return None  # the statement holding the call is planned above
         if self.ctx.qualify(node.func) not in SPAWN_NAMES or not node.args:
             return None
         positional = [a for a in node.args if a.keyword is None]
@@ -226,13 +254,14 @@ class SpawnLaunch(Transform):
         """In the spawned function, a world-size parameter is the launcher's guess (it cannot ask
         the runtime): take the real one from torch_xla."""
         spawned = self.ctx.memo("spawned", lambda: set(_SPAWNED.findall(self.ctx.source)))
-        if original.name.value not in spawned or not self.ctx.can_fix(self.rule):
+        if (original.name.value not in spawned or not self.ctx.can_fix(self.rule)
+                or "world_size" not in self.mapping):
             return None
         params = [p.name.value for p in original.params.params]
         world = next((p for p in params[1:] if p in WORLD_NAMES), None)
         if world is None or not isinstance(updated.body, cst.IndentedBlock):
             return None
-        line = self.ctx.statement(f"{world} = xr.world_size()")
+        line = self.ctx.statement(f"{world} = {self.mapping['world_size']}")
         statement = cst.SimpleStatementLine(
             [line], trailing_whitespace=cst.TrailingWhitespace(
                 whitespace=cst.SimpleWhitespace("  "),
@@ -261,7 +290,7 @@ class TorchrunRanks(Transform):
         # int(os.environ["LOCAL_RANK"]) -> xr.local_ordinal()
         if dotted(node.func) == "int" and len(node.args) == 1:
             key, has_default = env_key(self.ctx, node.args[0].value)
-            if key in RANK_ENV and not has_default:
+            if key in self.mapping.get("env", {}) and not has_default:
                 return self._replace(node, key)
             return None
         # .to(rank) / torch.device(rank): a rank used as a CUDA device index
@@ -274,7 +303,7 @@ class TorchrunRanks(Transform):
         return None
 
     def _replace(self, node: cst.Call, key: str):
-        new = RANK_ENV[key]
+        new = self.mapping["env"][key]
         return self.fix_or_report(
             node, f"`{self.ctx.short(node)}` -> `{new}`: torch_xla knows the process's "
             "rank and world size (under torch_xla.launch and torchrun alike)",
@@ -283,13 +312,14 @@ class TorchrunRanks(Transform):
     def _rank_device(self, node: cst.Call, value, is_to: bool):
         def build():
             if not is_to:  # a device built here: never the variable it may be assigned to
-                return self.ctx.expr("torch_xla.device()")
+                return self.ctx.expr(self.ctx.device_object)
             device = self.ctx.device_expr()
             return node.with_changes(args=[node.args[0].with_changes(value=device)])
 
         return self.fix_or_report(
-            node, f"`{self.ctx.short(node)}` uses the rank `{self.ctx.code(value)}` as a CUDA "
-            "device index; each XLA process has one device, `torch_xla.device()`", build)
+            node, self.say("device", "`{code}` uses the rank `{rank}` as a CUDA device index; "
+                           "each XLA process has one device, `torch_xla.device()`",
+                           code=self.ctx.short(node), rank=self.ctx.code(value)), build)
 
 
 @transform("TPU406")
@@ -326,6 +356,8 @@ class CompileBackend(Transform):
         if backend is not None and string_value(backend.value) == "openxla":
             return None
         mode = find_keyword(original, "mode")
+        if self.mapping.get("drop_modes"):
+            return self._drop_mode(original, updated, mode)
         dropped = ""
         if mode is not None:
             value = string_value(mode.value)
@@ -343,7 +375,19 @@ class CompileBackend(Transform):
             original, f"`{self.ctx.short(original)}`: on TPU, torch.compile lowers through "
             f'torch_xla (`backend="openxla"`){dropped}', build)
 
+    def _drop_mode(self, original: cst.Call, updated: cst.Call, mode: cst.Arg | None):
+        """TorchTPU keeps torch.compile's PyTorch form; its backend rejects CUDA-only modes."""
+        if mode is None or string_value(mode.value) not in COMPILE_MODES_WITHOUT_MEANING:
+            return None
+        return self.fix_or_report(
+            original, self.say("mode", "`{code}`", code=self.ctx.short(original),
+                               mode=self.ctx.code(mode.value)),
+            lambda: updated.with_changes(args=with_commas(
+                [a for a in updated.args if not (a.keyword and a.keyword.value == "mode")])))
+
     def leave_Decorator(self, original: cst.Decorator, updated: cst.Decorator):
+        if self.mapping.get("drop_modes"):
+            return None  # a bare `@torch.compile` has no mode to drop
         if self.ctx.qualify(original.decorator) != "torch.compile":
             return None  # `@torch.compile(...)` is a call: leave_Call above
         return self.fix_or_report(
@@ -412,7 +456,8 @@ class NcclEnv(Transform):
 
     def _report(self, node, key: str | None):
         if key and key.startswith("NCCL_"):
-            self.ctx.report(self.rule, node, f"`{key}` configures NCCL, which TPUs do not use: "
-                            "remove it (XLA collectives run over the TPU interconnect; tune them "
-                            "with LIBTPU_INIT_ARGS / XLA_FLAGS if you must)", applied=False)
+            self.ctx.report(self.rule, node, self.say(
+                "nccl", "`{key}` configures NCCL, which TPUs do not use: remove it (XLA "
+                "collectives run over the TPU interconnect; tune them with LIBTPU_INIT_ARGS / "
+                "XLA_FLAGS if you must)", key=key), applied=False)
         return None

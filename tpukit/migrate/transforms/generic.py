@@ -1,9 +1,14 @@
-"""Any `torch.cuda.*` name no other rule spoke for: it will fail or do nothing on TPU."""
+"""Any `torch.cuda.*` name no other rule spoke for: it will fail or do nothing on TPU.
+
+A target whose module mirrors torch.cuda (TorchTPU's `torch.tpu`) names it in its rule table
+(`rename`, `exported`): a name it exports is renamed, any other is a finding.
+"""
 
 from __future__ import annotations
 
 import libcst as cst
 
+from tpukit.findings import FixKind
 from tpukit.migrate.transforms.base import Transform, transform
 
 
@@ -23,9 +28,20 @@ class UnmappedCudaApi(Transform):
             if not (name and name.startswith("torch.cuda.")):
                 return None
             if name not in ctx.claimed:
-                self._report(node, name)
+                ctx.handled.update(id(n) for n in inner)
+                return self._rename(node, name)
         ctx.handled.update(id(n) for n in inner)  # `torch.cuda.amp` inside `torch.cuda.amp.x`
         return None
+
+    def _rename(self, node: cst.Attribute, name: str):
+        rest = name[len("torch.cuda."):]
+        if "rename" not in self.mapping or rest.split(".")[0] not in self.mapping["exported"]:
+            self._report(node, name)
+            return None
+        new = f"{self.mapping['rename']}.{rest}"
+        return self.fix_or_report(
+            node, f"`{name}` -> `{new}`: TorchTPU's torch.tpu exports the same name",
+            lambda: self.ctx.expr(new))
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         # `from torch.cuda import Stream` then `Stream()`: a bare name. Checked on leave, when
@@ -37,6 +53,6 @@ class UnmappedCudaApi(Transform):
         return None
 
     def _report(self, node: cst.CSTNode, name: str) -> None:
-        self.ctx.report(
-            self.rule, node, f"`{name}` has no automatic TPU mapping: {self.rule.message}", False
-        )
+        message = self.rule.message_for(self.ctx.target)
+        self.ctx.report(self.rule, node, f"`{name}` has no automatic TPU mapping: {message}", False,
+                        fix=FixKind.NONE)

@@ -55,9 +55,10 @@ class HostSyncInLoop(Transform):
     def _report(self, node, what: str) -> None:
         self.ctx.report(
             self.rule, node,
-            f"`{self.ctx.short(node)}` {what} in the training loop: it waits for the device and "
-            "copies to the host every step; log less often, or defer it with "
-            "`xm.add_step_closure(...)`", applied=False)
+            self.say("sync", "`{code}` {what} in the training loop: it waits for the device and "
+                     "copies to the host every step; log less often, or defer it with "
+                     "`xm.add_step_closure(...)`", code=self.ctx.short(node), what=what),
+            applied=False)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if not self.depth:
@@ -84,6 +85,8 @@ class HostSyncInLoop(Transform):
         call = original.value
         if not (self.depth and self.ctx.unsafe_fixes and isinstance(call, cst.Call)):
             return None
+        if "replace" not in self.mapping:
+            return None  # a target without step closures (TorchTPU: eager)
         if terminal_name(call.func) not in LOGGERS or ".item()" not in self.ctx.code(call):
             return None
         closure = cst.Call(
@@ -161,9 +164,10 @@ class DynamicPadding(Transform):
         if padding and (name.endswith("DataCollatorWithPadding") or any("collate" in f for f in self.functions)):
             self.ctx.report(
                 self.rule, original,
-                f"`{self.ctx.short(original)}` pads each batch to its own longest sequence: every "
-                "new length is a new XLA graph. Pad to a few fixed lengths instead "
-                "(`tpukit.buckets`, or `padding=\"max_length\"`)", applied=False)
+                self.say("padding", "`{code}` pads each batch to its own longest sequence: every "
+                         "new length is a new XLA graph. Pad to a few fixed lengths instead "
+                         "(`tpukit.buckets`, or `padding=\"max_length\"`)",
+                         code=self.ctx.short(original)), applied=False)
         return None
 
 

@@ -264,8 +264,9 @@ class RaggedLastBatch(Transform):
 
         return self.fix_or_report(
             original,
-            "DataLoader without `drop_last=True`: a ragged last batch has a new shape and "
-            "recompiles the step; pass `drop_last=True` (or pad it to the batch size)",
+            self.say("ragged", "DataLoader without `drop_last=True`: a ragged last batch has a "
+                     "new shape and recompiles the step; pass `drop_last=True` (or pad it to the "
+                     "batch size)"),
             build,
         )
 

@@ -89,10 +89,12 @@ class OptimizerBeforeDevice(Transform):
                     return line.with_changes(body=[new_assign])
 
                 replacement = self.fix_or_report(
-                    call, f"`{self.ctx.short(call)}` is built from `{model}`'s parameters before "
-                    f"`{model}` is on the XLA device; moving a module to XLA replaces its "
-                    "Parameter objects, so this optimizer would update stale CPU copies and the "
-                    f"model would never train: `{model}` moves to the device where it is built",
+                    call, self.say(
+                        "optimizer", "`{call}` is built from `{model}`'s parameters before "
+                        "`{model}` is on the XLA device; moving a module to XLA replaces its "
+                        "Parameter objects, so this optimizer would update stale CPU copies and "
+                        "the model would never train: `{model}` moves to the device where it is "
+                        "built", call=self.ctx.short(call), model=model),
                     build)
                 if replacement is not None:
                     new_body[i] = replacement

@@ -1,0 +1,195 @@
+"""Every `torch.tpu.*` name a torchtpu-target output uses exists in torch-tpu 0.2.0's public API,
+and the two targets' outputs never import each other's backend.
+
+The API list is read from the torch-tpu 0.2.0 wheel (`torch_tpu/_internal/public_api.py`) into
+API.txt. The copy vendored in tests/data is used first, so a clean clone runs this test too;
+../shared/torchtpu/API.txt (where the list is kept up to date) is the fallback.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, ROOT
+from tpukit.rules import load_rules
+
+VENDORED = ROOT / "tests" / "data" / "torchtpu-API.txt"
+SHARED = ROOT.parent / "shared" / "torchtpu" / "API.txt"
+
+
+def api_file() -> Path:
+    for path in (VENDORED, SHARED):
+        if path.is_file():
+            return path
+    pytest.skip(f"no torch-tpu API list: neither {VENDORED} nor {SHARED} exists")
+
+
+class Api:
+    """torch-tpu's public names, read from API.txt: `names` are fully qualified
+    (`torch.tpu.X`, `torch.tpu.ops.Y`, the members of `torch.tpu.EagerMode`); `namespaces` are
+    the modules, and EagerMode, whose every public member is listed."""
+
+    def __init__(self, text: str) -> None:
+        self.names: set[str] = set()
+        self.namespaces: set[str] = set()
+        for line in text.splitlines():
+            members = re.match(r"#\s*EagerMode members:\s*(.*)", line)
+            if members:
+                self.namespaces.add("torch.tpu.EagerMode")
+                self.names |= {f"torch.tpu.EagerMode.{m}"
+                               for m in re.findall(r"\b([A-Z][A-Z_]+)\b", members[1])}
+            if line.startswith("#") or ":" not in line:
+                continue
+            module, _, listed = (part.strip() for part in line.partition(":"))
+            self.namespaces.add(module)
+            self.names |= {module} | {f"{module}.{n.strip()}" for n in listed.split(",") if n.strip()}
+
+    def unknown(self, chains: set[str]) -> list[str]:
+        """Chains that name something torch-tpu does not export: the longest public prefix
+        must not be a namespace with more parts after it (after a function or class, the rest
+        is an attribute of what it returns)."""
+        bad = []
+        for chain in sorted(chains):
+            parts = chain.split(".")
+            depth = 2  # torch.tpu
+            while depth < len(parts) and ".".join(parts[: depth + 1]) in self.names:
+                depth += 1
+            if depth < len(parts) and ".".join(parts[:depth]) in self.namespaces:
+                bad.append(chain)
+        return bad
+
+
+def load_api() -> Api:
+    return Api(api_file().read_text())
+
+
+class TorchTpuNames(ast.NodeVisitor):
+    """The `torch.tpu...` attribute chains a module uses, through its imports (`import torch
+    as th`, `from torch import tpu`), and the modules it imports."""
+
+    def __init__(self) -> None:
+        self.aliases: dict[str, str] = {}
+        self.chains: set[str] = set()
+        self.imported: set[str] = set()
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self.imported.add(alias.name)
+            if alias.asname:
+                self.aliases[alias.asname] = alias.name
+            else:
+                root = alias.name.split(".")[0]
+                self.aliases[root] = root
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.module is None or node.level:
+            return
+        self.imported.add(node.module)
+        for alias in node.names:
+            full = f"{node.module}.{alias.name}"
+            self.aliases[alias.asname or alias.name] = full
+            if full.startswith("torch.tpu."):
+                self.chains.add(full)
+
+    def _resolve(self, node: ast.expr) -> str | None:
+        if isinstance(node, ast.Name):
+            return self.aliases.get(node.id)
+        if isinstance(node, ast.Attribute):
+            base = self._resolve(node.value)
+            return None if base is None else f"{base}.{node.attr}"
+        return None
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        name = self._resolve(node)
+        if name is not None and (name + ".").startswith("torch.tpu."):
+            self.chains.add(name)  # the whole chain; its prefixes are checked from it
+            return
+        self.generic_visit(node)
+
+
+def used_names(source: str) -> TorchTpuNames:
+    visitor = TorchTpuNames()
+    visitor.visit(ast.parse(source))
+    return visitor
+
+
+def outputs(target: str) -> list[pytest.param]:
+    golden = {"xla": "xla.py", "torchtpu": "torchtpu.py"}[target]
+    found = [pytest.param(p.read_text(), id=f"{p.parent.name}/{golden}")
+             for p in sorted(FIXTURES.glob(f"*/{golden}"))]
+    found += [pytest.param(e.expected[target], id=f"{code}-example{i + 1}")
+              for code, rule in load_rules().items()
+              for i, e in enumerate(rule.examples) if target in e.expected]
+    return found
+
+
+TORCHTPU_OUTPUTS = outputs("torchtpu")
+XLA_OUTPUTS = outputs("xla")
+
+
+def test_every_fixture_has_a_torchtpu_golden():
+    assert len([p for p in TORCHTPU_OUTPUTS if p.id.endswith("torchtpu.py")]) == len(
+        list(FIXTURES.glob("*/cuda.py")))
+
+
+@pytest.mark.parametrize("source", TORCHTPU_OUTPUTS)
+def test_torchtpu_output_uses_only_public_torch_tpu_names(source):
+    api = load_api()
+    assert api.unknown(used_names(source).chains) == []
+
+
+@pytest.mark.parametrize("source", TORCHTPU_OUTPUTS)
+def test_torchtpu_output_imports_no_torch_xla(source):
+    imported = used_names(source).imported
+    assert not [m for m in imported if m.split(".")[0] == "torch_xla"]
+
+
+@pytest.mark.parametrize("source", XLA_OUTPUTS)
+def test_xla_output_imports_no_torch_tpu_and_uses_no_torch_tpu_names(source):
+    names = used_names(source)
+    assert not [m for m in names.imported if m.split(".")[0] == "torch_tpu"]
+    assert not names.chains
+
+
+def test_torchtpu_output_that_uses_the_device_imports_torch_tpu():
+    for param in TORCHTPU_OUTPUTS:
+        names = used_names(param.values[0])
+        if names.chains or re.search(r"""["']tpu(_dist)?["']""", param.values[0]):
+            assert "torch_tpu" in names.imported, param.id
+
+
+# The checker itself: it must catch what it is there to catch.
+def test_checker_flags_a_name_torch_tpu_does_not_export_through_an_alias():
+    api = load_api()
+    source = "import torch as th\nfrom torch import tpu\nth.tpu.empty_cache()\ntpu.memory_allocated()\n"
+    assert api.unknown(used_names(source).chains) == [
+        "torch.tpu.empty_cache", "torch.tpu.memory_allocated"]
+
+
+def test_checker_accepts_submodule_names_and_eager_mode_members():
+    api = load_api()
+    source = ("import torch\n"
+              "torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)\n"
+              "torch.tpu.distributed.set_tpu_launch_env(nproc_per_node=4)\n"
+              "torch.tpu.current_stream().wait_stream(s)\n")
+    assert api.unknown(used_names(source).chains) == []
+    bad = "import torch\ntorch.tpu.EagerMode.LAZY\ntorch.tpu.distributed.launch()\n"
+    assert api.unknown(used_names(bad).chains) == [
+        "torch.tpu.EagerMode.LAZY", "torch.tpu.distributed.launch"]
+
+
+def test_vendored_api_list_matches_the_shared_one():
+    if not SHARED.is_file():
+        pytest.skip(f"{SHARED} is absent (a clean clone): the vendored copy is used alone")
+    assert VENDORED.read_text() == SHARED.read_text(), "refresh tests/data/torchtpu-API.txt"
+
+
+def test_torch_tpu_names_tpukit_renames_to_are_public():
+    # TPU117 renames torch.cuda.X to torch.tpu.X for the names its table lists.
+    api = load_api()
+    table = load_rules()["TPU117"].target("torchtpu")
+    assert [n for n in table["exported"] if f"{table['rename']}.{n}" not in api.names] == []
