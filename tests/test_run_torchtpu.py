@@ -40,12 +40,15 @@ def test_the_target_comes_from_the_flag_the_script_or_the_config(tmp_path):
     assert torchtpu.resolve_target(None, str(plain)) == "xla"
     assert torchtpu.resolve_target(None, str(tpu)) == "torchtpu"
     assert torchtpu.resolve_target("xla", str(tpu)) == "xla"
-    (tmp_path / "pyproject.toml").write_text('[tool.tpukit]\ntarget = "torchtpu"\n')
+    (tmp_path / "pyproject.toml").write_text('[tool.tpukit]\ntarget = "torchtpu"\n'
+                                             'eager-mode = "strict"\n')
     assert torchtpu.resolve_target(None, str(plain)) == "torchtpu"
+    assert torchtpu.resolve_eager_mode(None, str(plain)) == "strict"
+    assert torchtpu.resolve_eager_mode("debug", str(plain)) == "debug"
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--eager-mode", "fast"], "--eager-mode takes debug, strict, fused"),
+    (["--eager-mode", "fast"], "unknown eager mode 'fast': choose debug, strict, fused"),
     (["--target", "gpu"], "unknown target 'gpu'"),
     (["--target", "xla", "--eager-mode", "strict"], "--eager-mode goes with the torchtpu target"),
     (["--target", "torchtpu", "--profile"], "go with the xla target"),

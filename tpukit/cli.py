@@ -233,12 +233,10 @@ def run(
     from tpukit.run.advisors import MXU_WIDTH
     from tpukit.run.profile import parse_steps
 
-    from tpukit.run.torchtpu import EAGER_MODES
-
     if run_target is not None and run_target not in TARGETS:
         fail(f"unknown target {run_target!r}: choose {' or '.join(TARGETS)}")
     if eager_mode is not None and eager_mode not in EAGER_MODES:
-        fail(f"--eager-mode takes {', '.join(EAGER_MODES)}; not {eager_mode!r}")
+        fail(f"unknown eager mode {eager_mode!r}: choose {', '.join(EAGER_MODES)}")
     if tpu_generation is not None and tpu_generation not in MXU_WIDTH:
         fail(f"--tpu-generation takes {', '.join(MXU_WIDTH)}; not {tpu_generation!r}")
     if (logdir is not None or profile_steps is not None) and not profile:

@@ -17,10 +17,8 @@ import time
 from glob import glob
 from pathlib import Path
 
-# --eager-mode -> torch.tpu.EagerMode member (torch-tpu 0.2.0)
-EAGER_MODES = {"debug": "DEFER_NEVER_AND_LAUNCH_BLOCKING", "strict": "DEFER_NEVER",
-               "fused": "DEFER_AND_FUSE"}
-DEFAULT_EAGER_MODE = "fused"
+from tpukit.config import DEFAULT_EAGER_MODE, EAGER_MODES, Config, ConfigError, load_config
+
 _IMPORTS_TORCH_TPU = re.compile(r"^\s*(import|from)\s+torch_tpu\b", re.MULTILINE)
 
 
@@ -37,17 +35,24 @@ def imports_torch_tpu(script: str | None) -> bool:
         return False
 
 
+def _config(script: str | None) -> Config:
+    try:
+        return load_config(Path(script or ".").resolve().parent)
+    except ConfigError:
+        return Config()  # a broken config is migrate's to report; the run goes on
+
+
 def resolve_target(requested: str | None, script: str | None) -> str:
     if requested:
         return requested
     if imports_torch_tpu(script):
         return "torchtpu"
-    from tpukit.config import ConfigError, load_config
+    return _config(script).target
 
-    try:
-        return load_config(Path(script or ".").resolve().parent).target
-    except ConfigError:
-        return "xla"  # a broken config is migrate's to report; the run goes on as xla
+
+def resolve_eager_mode(requested: str | None, script: str | None) -> str:
+    """--eager-mode, else `[tool.tpukit] eager-mode`, else fused."""
+    return requested or _config(script).eager_mode or DEFAULT_EAGER_MODE
 
 
 def unavailable(chips: list[str] | None = None) -> str | None:
@@ -81,7 +86,7 @@ def run_torchtpu(request, chips: list[str] | None = None) -> tuple[dict, object]
     reason = unavailable(chips)
     if reason is not None:
         raise ValueError(reason)
-    mode = request.eager_mode or DEFAULT_EAGER_MODE
+    mode = resolve_eager_mode(request.eager_mode, request.script)
     set_eager_mode(mode)
     start = time.perf_counter()
     outcome = run_target(request.script, request.module, request.args, ())
