@@ -108,7 +108,8 @@ def test_head_dim_64_is_named_at_its_class_with_numbers(head_dim):
     sdpa = by_dim[64]
     assert sdpa["line"] == line_of(path, "class SelfAttention")
     assert sdpa["extra"]["site"]["module"] == "Model.attn"
-    assert sdpa["extra"]["site"]["call_at"]["line"] == line_of(path, "scaled_dot_product_attention(q")
+    call_line = line_of(path, "scaled_dot_product_attention(q")
+    assert sdpa["extra"]["site"]["call_at"]["line"] == call_line
     assert sdpa["extra"]["padded_head_dim"] == 128 and sdpa["extra"]["mxu_fill_now"] == 0.5
     assert sdpa["extra"]["tpu_generation"] == "v5e" and sdpa["extra"]["generation_assumed"]
     # seq 32, embed 256, batch 8, float32: attention share 32 / (32 + 6 * 256)
@@ -131,7 +132,7 @@ def test_profile_writes_an_xplane_and_prints_the_top_ops(head_dim):
     assert len(profile["top_ops"]) >= 3
     assert [s["stepnum"] for s in profile["step_breakdown"]] == ["train_step 2", "train_step 3"]
     table = proc.stderr[proc.stderr.index("Top ops by self time, steps 2-3"):]
-    rows = [l for l in table.splitlines() if l.startswith("│")]
+    rows = [row for row in table.splitlines() if row.startswith("│")]
     assert len(rows) == len(profile["top_ops"])
     assert profile["top_ops"][0]["name"][:20] in rows[0]
     assert f"tensorboard --logdir {out / 'prof'}" in proc.stderr

@@ -172,7 +172,8 @@ def optimal_buckets(sizes: Iterable[int] | Mapping[int, float], k: int) -> list[
         element_sum[i + 1] = element_sum[i] + weights[v] * v
 
     def cost(a: int, b: int) -> float:  # values[a..b] padded to values[b]
-        return values[b] * (weight_sum[b + 1] - weight_sum[a]) - (element_sum[b + 1] - element_sum[a])
+        held = weight_sum[b + 1] - weight_sum[a]
+        return values[b] * held - (element_sum[b + 1] - element_sum[a])
 
     previous = [cost(0, b) for b in range(n)]  # one bucket over values[0..b]
     splits: list[list[int]] = [[0] * n]

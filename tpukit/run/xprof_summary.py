@@ -56,7 +56,7 @@ def host_ops(trace_events: list[dict]) -> list[dict]:
     totals: dict[str, dict] = {}
     for events in threads.values():
         events.sort(key=lambda e: (e["ts"], -e["dur"]))
-        stack: list[list] = []  # [end, name, child time]
+        stack: list[list] = []  # [end, name, time in children, duration]
         for event in events:
             start, end = event["ts"], event["ts"] + event["dur"]
             while stack and stack[-1][0] <= start:
