@@ -47,6 +47,12 @@ def test_the_target_comes_from_the_flag_the_script_or_the_config(tmp_path):
     assert torchtpu.resolve_eager_mode("debug", str(plain)) == "debug"
 
 
+def test_a_module_run_reads_the_config_of_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[tool.tpukit]\ntarget = "torchtpu"\n')
+    monkeypatch.chdir(tmp_path)
+    assert torchtpu.resolve_target(None, None) == "torchtpu"
+
+
 @pytest.mark.parametrize("args, message", [
     (["--eager-mode", "fast"], "unknown eager mode 'fast': choose debug, strict, fused"),
     (["--target", "gpu"], "unknown target 'gpu'"),

@@ -37,7 +37,7 @@ def imports_torch_tpu(script: str | None) -> bool:
 
 def _config(script: str | None) -> Config:
     try:
-        return load_config(Path(script or ".").resolve().parent)
+        return load_config(Path(script).resolve().parent if script else Path.cwd())
     except ConfigError:
         return Config()  # a broken config is migrate's to report; the run goes on
 
