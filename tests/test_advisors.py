@@ -200,3 +200,64 @@ def test_the_tpu_generation_comes_from_the_accelerator_type():
     assert generation_of("tpu7x-8") == "v7" and generation_of("weird") is None
     assert tpu_generation("v6e", "CPU") == ("v6e", False)
     assert tpu_generation(None, "CPU") == ("v5e", True)
+
+
+@pytest.fixture
+def fake_profiler(monkeypatch):
+    """torch_xla's profiler pieces the Profiler calls, recording what happens in order."""
+    import sys
+    import types
+
+    events: list = []
+
+    class TraceMe:
+        def __init__(self, name, **kw):
+            self.label = f"{name} {kw['step_num']}"
+
+        def __enter__(self):
+            events.append(("enter", self.label))
+
+        def __exit__(self, *exc):
+            events.append(("exit", self.label))
+
+    torch_xla = types.ModuleType("torch_xla")
+    torch_xla._XLAC = types.SimpleNamespace(profiler=types.SimpleNamespace(TraceMe=TraceMe))
+    xp = types.SimpleNamespace(start_trace=lambda d: events.append(("start", d)),
+                               stop_trace=lambda: events.append(("stop",)))
+    xm = types.SimpleNamespace(wait_device_ops=lambda: events.append(("wait",)))
+    monkeypatch.setitem(sys.modules, "torch_xla", torch_xla)
+    monkeypatch.setitem(sys.modules, "torch_xla.debug.profiler", xp)
+    monkeypatch.setitem(sys.modules, "torch_xla.core.xla_model", xm)
+    monkeypatch.setitem(sys.modules, "torch_xla.debug", types.SimpleNamespace(profiler=xp))
+    monkeypatch.setitem(sys.modules, "torch_xla.core", types.SimpleNamespace(xla_model=xm))
+    torch_xla.debug = sys.modules["torch_xla.debug"]
+    torch_xla.core = sys.modules["torch_xla.core"]
+    return events
+
+
+def test_profiler_traces_exactly_the_window(fake_profiler, tmp_path):
+    from tpukit.run.profile import Profiler
+
+    profiler = Profiler(tmp_path, 2, 3)
+    for index in range(1, 6):
+        profiler.step_begins(index)
+        profiler.step_ended(index, final=False)
+    profiler.close()
+    assert fake_profiler == [("start", str(tmp_path)), ("enter", "train_step 2"),
+                             ("exit", "train_step 2"), ("enter", "train_step 3"),
+                             ("exit", "train_step 3"), ("wait",), ("stop",)]
+    assert profiler.captured == [2, 3] and profiler.error is None
+
+
+def test_profiler_stops_at_the_script_end_inside_the_window(fake_profiler, tmp_path):
+    from tpukit.run.profile import Profiler
+
+    profiler = Profiler(tmp_path, 2, 4)
+    profiler.step_begins(1)
+    profiler.step_ended(1, final=False)
+    profiler.step_begins(2)
+    profiler.step_ended(2, final=False)
+    profiler.step_begins(3)  # the script ends before this step's boundary
+    profiler.close()
+    assert fake_profiler[-3:] == [("exit", "train_step 3"), ("wait",), ("stop",)]
+    assert profiler.captured == [2, 3]

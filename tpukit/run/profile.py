@@ -50,6 +50,7 @@ class Profiler(StepListener):
     stop_s: float = 0.0
     _tracing: bool = False
     _step_trace: object | None = None
+    _step_index: int = 0
 
     def step_begins(self, index: int) -> None:
         if self.error or not self.first <= index <= self.last:
@@ -65,6 +66,7 @@ class Profiler(StepListener):
                 self.error = f"could not start the trace: {exc}"
                 return
             self._tracing = True
+        self._step_index = index
         self._step_trace = torch_xla._XLAC.profiler.TraceMe("train_step", _r=1, step_num=index)
         self._step_trace.__enter__()
 
@@ -78,6 +80,8 @@ class Profiler(StepListener):
 
     def close(self) -> None:
         if self._tracing:  # the script ended (or failed) inside the window
+            if self._step_trace is not None:  # the script's tail after its last step boundary
+                self.captured.append(self._step_index)
             self._end_step_trace()
             self._stop()
 
