@@ -121,32 +121,6 @@ class _ShiftContinuations(cst.CSTTransformer):
         return updated.with_changes(last_line=cst.SimpleWhitespace(" " * width))
 
 
-def with_func(original: cst.Call, updated: cst.Call, func: cst.BaseExpression,
-              source: str) -> cst.Call:
-    """`updated` calling `func` instead. Arguments that continue on lines aligned with
-    something on the call's first line, right of its parenthesis (`torch.save({...,\n
-    ...})`), move with it, so `xm.save({...,` keeps them aligned; a hanging indent, or a call
-    whose column is not certain, is left as it was."""
-    new = updated.with_changes(func=func)
-    code = cst.Module([]).code_for_node
-    old_func = code(original.func)
-    delta = len(code(func)) - len(old_func)
-    first, _, rest = code(original).partition("\n")
-    if not delta or not rest or isinstance(original.whitespace_before_args,
-                                           cst.ParenthesizedWhitespace):
-        return new
-    lines = [line for line in source.splitlines() if first in line]
-    if len(lines) != 1:
-        return new  # the call's line is not unique: its column is not certain
-    # libcst keeps a continuation's indent relative to the enclosing block's indentation.
-    line = lines[0]
-    paren = line.index(first) - (len(line) - len(line.lstrip())) + len(old_func)
-    continuation = rest.splitlines()[0]
-    if len(continuation) - len(continuation.lstrip(" ")) <= paren:
-        return new  # a hanging indent: not aligned with anything on the call's first line
-    return new.with_changes(args=[a.visit(_ShiftContinuations(delta)) for a in new.args])
-
-
 def terminal_name(expr: cst.BaseExpression) -> str:
     if isinstance(expr, cst.Name):
         return expr.value
@@ -392,6 +366,30 @@ class MigrationContext:
                 return name
         self.need_import("torch")
         return "torch"
+
+    def with_func(self, original: cst.Call, updated: cst.Call,
+                  func: cst.BaseExpression) -> cst.Call:
+        """`updated` calling `func` instead. Arguments that continue on lines aligned with
+        something on the call's first line, right of its parenthesis (`torch.save({...,\n
+        ...})`), move with it, so `xm.save({...,` keeps them aligned; a hanging indent, or a
+        call whose column is not certain, is left as it was."""
+        new = updated.with_changes(func=func)
+        old_func = self.code(original.func)
+        delta = len(self.code(func)) - len(old_func)
+        first, _, rest = self.code(original).partition("\n")
+        if not delta or not rest or isinstance(original.whitespace_before_args,
+                                               cst.ParenthesizedWhitespace):
+            return new
+        lines = [line for line in self.source.splitlines() if first in line]
+        if len(lines) != 1:
+            return new  # the call's line is not unique: its column is not certain
+        # libcst keeps a continuation's indent relative to the enclosing block's indentation.
+        line = lines[0]
+        paren = line.index(first) - (len(line) - len(line.lstrip())) + len(old_func)
+        continuation = rest.splitlines()[0]
+        if len(continuation) - len(continuation.lstrip(" ")) <= paren:
+            return new  # a hanging indent: not aligned with anything on the call's first line
+        return new.with_changes(args=[a.visit(_ShiftContinuations(delta)) for a in new.args])
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)

@@ -47,13 +47,13 @@ def head_dim_numbers(site: AttentionSite, d: int, padded: int, width: int) -> di
     if heads:
         embed = heads * d
         if seq:
-            # Per token: q/k/v/out projections 8E^2 FLOPs... as multiply-adds x2 over the
-            # sequence: projections 8*T*E^2, MLP 4*MLP_RATIO*T*E^2, attention matmuls 4*T^2*E.
+            # FLOPs of one layer over a sequence of T tokens (2 per multiply-add): q/k/v/out
+            # projections 8*T*E^2, the MLP 4*MLP_RATIO*T*E^2, q@k^T and attn@v 4*T^2*E.
             dense = (8 + 4 * MLP_RATIO) * seq * embed * embed
             attention = 4 * seq * seq * embed
-            numbers["attention_flops_share"] = round(attention / (attention + dense), 4)
-            numbers["layer_flops_overhead"] = round(
-                attention / (attention + dense) * (padded / d - 1), 4)
+            share = attention / (attention + dense)
+            numbers["attention_flops_share"] = round(share, 4)
+            numbers["layer_flops_overhead"] = round(share * (padded / d - 1), 4)
             if site.batch and site.element_size:
                 numbers["extra_activation_bytes_per_layer"] = (
                     4 * site.batch * heads * seq * (padded - d) * site.element_size)
@@ -173,9 +173,12 @@ def _bucket_finding(steps: list[Step], axis: dict, budget: int, script: str) -> 
         return None  # the sizes vary but do not drive compiles (or no more than buckets would)
     overhead = padding_overhead(weights, buckets)
     powers = sorted({2 ** math.ceil(math.log2(v)) for v in observed})
-    table = {k: {"buckets": (b := optimal_buckets(weights, k)),
-                 "padding_overhead": round(padding_overhead(weights, b), 4)}
-             for k in range(1, min(MAX_BUDGET_TABLE, distinct) + 1)}
+    powers_overhead = padding_overhead(weights, powers)
+    table = {}  # k -> the optimum for k buckets (the one computed above for k = budget)
+    for k in range(1, min(MAX_BUDGET_TABLE, distinct) + 1):
+        chosen = buckets if k == budget else optimal_buckets(weights, k)
+        cost = overhead if k == budget else padding_overhead(weights, chosen)
+        table[k] = {"buckets": chosen, "padding_overhead": round(cost, 4)}
     name, dim = members[0]
     also = [f"{n} dim {d}" for n, d in members[1:]]
     origin = next((s.origins[name] for s in steps if name in s.origins), None)
@@ -186,14 +189,14 @@ def _bucket_finding(steps: list[Step], axis: dict, budget: int, script: str) -> 
                f"graph: with the {len(buckets)} buckets {buckets} the loop compiles at most "
                f"{len(buckets)} graphs for this dim, padding {overhead:.1%} more elements (the "
                f"exact optimum for {budget} buckets; powers of two {powers} would pad "
-               f"{padding_overhead(weights, powers):.1%} in {len(powers)} graphs). Apply: {how}; "
+               f"{powers_overhead:.1%} in {len(powers)} graphs). Apply: {how}; "
                f"a size above {buckets[-1]} is padded to a multiple of it (one more graph)")
     extra = {
         "inputs": [{"name": n, "dim": d} for n, d in members], "distinct_sizes": distinct,
         "sizes": dict(sorted(observed.items())), "steps_compiling": compiles_now,
         "budget": budget, "buckets": buckets, "compiles_with_buckets": len(buckets),
         "padding_overhead": round(overhead, 4), "powers_of_two": powers,
-        "powers_of_two_overhead": round(padding_overhead(weights, powers), 4),
+        "powers_of_two_overhead": round(powers_overhead, 4),
         "by_budget": table, "snippet": snippet,
     }
     return finding("TPU706", message, origin or steps[0].boundary_at or (script, 1), **extra)

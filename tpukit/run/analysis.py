@@ -20,6 +20,7 @@ _KIND_CODE = {"recompile": "TPU701", "fallback": "TPU702", "sync": "TPU703"}
 class Analysis:
     summary: dict
     findings: list[Finding]
+    loops: Loops
 
     def failures(self, fail_on: list[str]) -> list[str]:
         """The --fail-on kinds that occurred (sync counts only in the hot loop: warnings)."""
@@ -263,7 +264,7 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
         "stopped_early": probe.stopped_early,
         "step_records": [{**s.to_dict(), "warmup": not loops.steady(s)} for s in steps],
     }
-    return Analysis(summary, findings)
+    return Analysis(summary, findings, loops)
 
 
 def _median(steps: list[Step]) -> float | None:

@@ -140,9 +140,10 @@ class AttentionSites:
         shape = tuple(getattr(query, "shape", ()))
         if len(shape) < 2:
             return
-        owner = module if module is not None else _Nowhere()
-        path = self._names.get(id(module), type(owner).__name__) if module is not None \
-            else "(no module)"
+        if module is None:
+            owner, path = _Nowhere(), "(no module)"
+        else:
+            owner, path = module, self._names.get(id(module), type(module).__name__)
         heads = int(shape[-3]) if len(shape) >= 3 else None
         site = self._add(SDPA, owner, path, heads, int(shape[-1]))
         if site.calls == 0:

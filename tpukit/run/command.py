@@ -168,7 +168,8 @@ def run_command(request: RunRequest) -> int:
         if ours and log_path is not None:
             log_path.unlink(missing_ok=True)
     analysis = analyse(probe, request.warmup, request.script or request.module)
-    advice = _advice(request, probe, analysis)
+    sites = probe.attention.best()
+    advice = _advice(request, probe, analysis, sites)
     summary = {
         "script": display,
         "args": request.args,
@@ -178,7 +179,7 @@ def run_command(request: RunRequest) -> int:
         "error": outcome.error,
         "wall_s": round(wall, 6),
         **analysis.summary,
-        "attention": [site.to_dict() for site in probe.attention.best()],
+        "attention": [site.to_dict() for site in sites],
         "tpu_generation": advice["generation"],
         "profile": None,
     }
@@ -279,15 +280,13 @@ def generation_of(accelerator_type: str) -> str | None:
     return None
 
 
-def _advice(request: RunRequest, probe, analysis) -> dict:
+def _advice(request: RunRequest, probe, analysis, sites: list) -> dict:
     from tpukit.run.advisors import bucket_findings, head_dim_findings
-    from tpukit.run.analysis import Loops
 
     generation, assumed = tpu_generation(request.tpu_generation, os.environ.get("PJRT_DEVICE", ""))
     script = request.script or request.module
-    findings = head_dim_findings(probe.attention.best(), generation, assumed, script)
-    findings += bucket_findings(probe.steps, Loops(probe.steps, request.warmup),
-                                request.bucket_budget, script)
+    findings = head_dim_findings(sites, generation, assumed, script)
+    findings += bucket_findings(probe.steps, analysis.loops, request.bucket_budget, script)
     return {"generation": generation, "findings": findings}
 
 

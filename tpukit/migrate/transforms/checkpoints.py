@@ -7,7 +7,7 @@ import re
 
 import libcst as cst
 
-from tpukit.migrate.context import is_cuda_device_string, terminal_name, with_func
+from tpukit.migrate.context import is_cuda_device_string, terminal_name
 from tpukit.migrate.transforms.base import Transform, transform
 
 _DICT_ASSIGN = re.compile(r"(\w+)\s*=\s*\{")
@@ -53,7 +53,7 @@ class CheckpointSave(Transform):
             node,
             f"`{self.ctx.short(node)}`: XLA tensors must be moved to the CPU and written once; "
             "`xm.save` does both",
-            lambda: with_func(node, updated, self.ctx.expr("xm.save"), self.ctx.source),
+            lambda: self.ctx.with_func(node, updated, self.ctx.expr("xm.save")),
         )
 
 
