@@ -19,25 +19,16 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from run_overhead import timed as run  # same folder: a timed subprocess that exits on failure
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "fixtures" / "run" / "varlen.py"
 RUNNER = ROOT / "benchmarks" / "xla_metrics_runner.py"
-ENV = {**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU")}
-
-
-def run(command: list[str], cwd: str) -> tuple[float, str]:
-    start = time.perf_counter()
-    proc = subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=3600)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return wall, proc.stdout
+PJRT_DEVICE = os.environ.get("PJRT_DEVICE", "CPU")  # what run_overhead.timed runs on
 
 
 def advice(steps: int, budget: int, cwd: str) -> dict:
@@ -71,7 +62,7 @@ def main() -> None:
         for _ in range(args.repeat):
             plain_runs.append(measured(["--steps", str(args.steps)], cwd))
             bucket_runs.append(measured(["--steps", str(args.steps), "--buckets", buckets], cwd))
-    print(f"fixtures/run/varlen.py --steps {args.steps}, PJRT_DEVICE={ENV['PJRT_DEVICE']}, "
+    print(f"fixtures/run/varlen.py --steps {args.steps}, PJRT_DEVICE={PJRT_DEVICE}, "
           f"{args.repeat} runs each, interleaved")
     print(f"advice (k={args.budget}): {extra['distinct_sizes']} distinct lengths -> buckets "
           f"{extra['buckets']}, padding +{extra['padding_overhead']:.1%} (powers of two "
