@@ -9,8 +9,8 @@ EXTRAS ?= xla,profile,dev
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install -q --no-cache-dir --upgrade pip
+	$(BIN)/python -m pip install -q --no-cache-dir -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 install: $(STAMP)
