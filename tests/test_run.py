@@ -231,17 +231,24 @@ def test_ctrl_c_stops_with_a_report_and_exit_130(tmp_path):
     path = _script(tmp_path, "import time\nimport torch\nimport torch_xla\n"
                              "x = torch.ones(4, device=torch_xla.device())\n"
                              "print('ready', flush=True)\n"
-                             "while True:\n    x = x + 1\n    torch_xla.sync()\n    time.sleep(0.05)\n")
+                             # bounded: a child the test fails to stop still ends (~2 min)
+                             "for _ in range(2400):\n    x = x + 1\n    torch_xla.sync()\n"
+                             "    time.sleep(0.05)\n")
     # A shell runs background jobs with SIGINT ignored, and Python installs its KeyboardInterrupt
     # handler only when SIGINT is not ignored: give the child the default, as a terminal would.
     proc = subprocess.Popen([tpukit_executable(), "run", "--format", "json", str(path)],
                             env={**os.environ, **CPU}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    assert proc.stdout.readline() == "ready\n"
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # never leave the loop running past the test
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130, err
     summary = json.loads(out)["summary"]
     assert summary["outcome"] == "interrupted" and summary["steps"] >= 2
