@@ -273,14 +273,56 @@ def test_output_file_needs_a_machine_format(run_cli):
 def test_the_probe_leaves_torch_as_it_found_it():
     import torch
     import torch_xla
+    from torch_xla._internal import pjrt
 
     from tpukit.run.probe import HOST_READS, Probe
 
     before = {name: torch.Tensor.__dict__.get(name) for name in (*HOST_READS, "to")}
-    sync = torch_xla.sync
+    sync, spawn = torch_xla.sync, pjrt.spawn
     probe = Probe(None)
     probe.install()
     assert torch_xla.sync is not sync and torch.Tensor.item is not before["item"]
+    assert pjrt.spawn is not spawn
     probe.uninstall()
-    assert torch_xla.sync is sync
+    assert torch_xla.sync is sync and pjrt.spawn is spawn
     assert {name: torch.Tensor.__dict__.get(name) for name in before} == before
+
+
+LAUNCHED = """\
+import torch
+import torch_xla
+import torch_xla.runtime as xr
+{import_line}
+
+
+def train(index, steps):
+    w = torch.ones(4, device=torch_xla.device())
+    for _ in range(steps):
+        w = w * 0.5 + 1
+        torch_xla.sync()
+    print(f"index {{index}} of {{xr.world_size()}}", flush=True)
+
+
+if __name__ == "__main__":
+    {launch}
+"""
+
+
+@pytest.mark.parametrize("import_line, launch", [
+    ("", "torch_xla.launch(train, args=(6,))"),
+    ("import torch_xla.distributed.xla_multiprocessing as xmp", "xmp.spawn(train, args=(6,))"),
+])
+def test_a_launched_function_runs_in_process_so_its_steps_are_seen(tmp_path, run_cli, import_line,
+                                                                  launch):
+    path = _script(tmp_path, LAUNCHED.format(import_line=import_line, launch=launch))
+    proc = run_cli("run", "--json", tmp_path / "r.json", path, env=CPU)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "index 0 of 1\n"
+    line = line_of(path, launch)
+    assert f"{path}:{line}: the launch runs its function in this process at world size 1" in \
+        proc.stderr
+    summary = json.loads((tmp_path / "r.json").read_text())["summary"]
+    assert summary["launches"] == [{"path": str(path), "line": line, "requested": None,
+                                    "processes": 1}]
+    assert summary["steps"] == 6 and summary["recompiles_after_warmup"] == 0
+    assert "launch" in proc.stderr and f"{path.name}:{line} ran in this process" in proc.stderr

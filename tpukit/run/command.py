@@ -179,6 +179,7 @@ def run_command(request: RunRequest) -> int:
         "error": outcome.error,
         "wall_s": round(wall, 6),
         **analysis.summary,
+        "launches": probe.launches,
         "attention": [site.to_dict() for site in sites],
         "tpu_generation": advice["generation"],
         "profile": None,
@@ -354,6 +355,8 @@ def _print_summary(summary: dict, stream) -> None:
         ("host reads", f"{summary['host_syncs']} ({summary['host_transfers']} transfers)"),
         ("wall time", f"{summary['wall_s']:.2f} s"),
     ]
+    rows[1:1] = [("launch", f"{Path(launch['path']).name}:{launch['line']} ran in this process "
+                            "at world size 1") for launch in summary["launches"]]
     for name, value in rows:
         table.add_row(name, value)
     Console(file=stream, highlight=False).print(table)

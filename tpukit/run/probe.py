@@ -12,6 +12,10 @@ the batches the loop received and of the outermost module's forward inputs, and 
 device-to-host read at the user line that made it. The lines that call CPU fallbacks are found
 by a TorchFunctionMode armed only for the first step and for the step after a new fallback
 appears: it costs a few microseconds per torch call, so it stays off in steady state.
+
+`torch_xla.launch` and `xmp.spawn` (both end in `torch_xla._internal.pjrt.spawn`) would run
+the training in child processes the probe cannot see: the probe runs their target in this
+process at world size 1 instead (what `debug_single_process=True` does) and records the launch.
 """
 
 from __future__ import annotations
@@ -150,6 +154,7 @@ class Probe:
         self._trace_next = True
         self._tracer = None
         self._params: dict[type, list[str]] = {}
+        self.launches: list[dict] = []  # launches run in this process (torch_xla.launch, ...)
 
     # -- installation ---------------------------------------------------------------------
     def install(self) -> None:
@@ -161,6 +166,7 @@ class Probe:
         import torch_xla.distributed.parallel_loader as pl
         import torch_xla.torch_xla as core
         from torch.utils.data import dataloader
+        from torch_xla._internal import pjrt
 
         self._counter = torch_xla._XLAC._xla_counter_value
         self._counter_names = torch_xla._XLAC._xla_counter_names
@@ -176,6 +182,7 @@ class Probe:
             if hasattr(torch.Tensor, name):
                 self._patch(torch.Tensor, name, self._wrap_read(name, getattr(torch.Tensor, name)))
         self._patch(torch.Tensor, "to", self._wrap_read("to", torch.Tensor.to))
+        self._patch(pjrt, "spawn", self._wrap_spawn(pjrt.spawn))
         import torch.nn.functional as F
 
         self._patch(F, "scaled_dot_product_attention",
@@ -291,6 +298,22 @@ class Probe:
             return result
 
         return sync
+
+    def _wrap_spawn(self, original: Callable) -> Callable:
+        probe = self
+
+        @functools.wraps(original)
+        def spawn(fn, nprocs=None, start_method="spawn", args=()):
+            where = user_frame(sys._getframe(1))
+            path, line = where or ("<unknown>", 0)
+            probe.launches.append({"path": path, "line": line, "requested": nprocs,
+                                   "processes": 1})
+            print(f"tpukit: {path}:{line}: the launch runs its function in this process at world "
+                  "size 1, so tpukit sees its steps (on a TPU the script alone starts one process "
+                  "per device)", file=sys.stderr, flush=True)
+            return original(fn, 1, start_method, args)
+
+        return spawn
 
     def _wrap_optimizer_step(self, original: Callable) -> Callable:
         probe = self
