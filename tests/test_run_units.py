@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tpukit.findings import Severity
 from tpukit.run.analysis import analyse
-from tpukit.run.debuglog import DebugLog
+from tpukit.run.debuglog import DebugLog, GraphEvent
 from tpukit.run.probe import HostRead, Probe, Step
 from tpukit.run.shapes import describe, diff, signature
 
@@ -140,3 +142,54 @@ def test_with_tpu_chips_and_libtpu_the_run_goes_to_the_tpu(monkeypatch):
     monkeypatch.setattr(command.importlib.util, "find_spec", lambda name: object())
     env: dict = {}
     assert command.choose_device(env) is None and env["PJRT_DEVICE"] == "TPU"
+
+
+def _compiling(index: int, **kwargs) -> Step:
+    """A step that compiled one new graph at /tmp/train.py:56."""
+    step = _step(index, compiles=1, **kwargs)
+    step.graphs = [GraphEvent("compile", f"hash{index}", frames=[("fwd", "/tmp/train.py", 56)])]
+    return step
+
+
+def _recompiles(steps: list[Step], models: set[str] = frozenset()) -> tuple[list, object]:
+    probe = _probe_with(steps)
+    probe.models = set(models)
+    analysis = analyse(probe, warmup=2, script="train.py")
+    return [f for f in analysis.findings if f.code == "TPU701"], analysis
+
+
+def test_compiles_that_stop_after_the_first_steps_are_a_long_warm_up_at_info():
+    steps = [_compiling(i) for i in range(1, 5)] + [_step(i) for i in range(5, 9)]
+    found, analysis = _recompiles(steps, {"DistributedDataParallel"})
+    assert [f.extra["step"] for f in found] == [3, 4]
+    assert all(f.severity is Severity.INFO and f.extra["warmup_steps"] == 4 for f in found)
+    assert "warm-up longer than --warmup 2" in found[0].message
+    assert "DistributedDataParallel does this" in found[0].message
+    assert "`--warmup 4`" in found[0].message
+    assert analysis.failures(["recompile"]) == []
+    assert analysis.summary["recompiles_after_warmup"] == 2  # still counted: they happened
+    plain, _ = _recompiles(steps)
+    assert "DistributedDataParallel" not in plain[0].message and plain[0].severity is Severity.INFO
+
+
+@pytest.mark.parametrize("pattern", [
+    "11...1....",  # a quiet gap, then a compile: not warm-up
+    "1111..",      # too few quiet steps after the last compile to call it settled
+    "1111",        # the run ended while still compiling
+])
+def test_compiles_that_do_not_settle_stay_warnings(pattern):
+    steps = [_compiling(i) if c == "1" else _step(i) for i, c in enumerate(pattern, 1)]
+    found, analysis = _recompiles(steps, {"DistributedDataParallel"})
+    assert found and all(f.severity is Severity.WARNING for f in found)
+    assert not any("warm-up longer" in f.message for f in found)
+    assert analysis.failures(["recompile"]) == ["recompile"]
+
+
+def test_a_shape_change_in_a_long_warm_up_is_still_named():
+    shape = {"batch[0]": ((8, 12), "int64")}
+    longer = {"batch[0]": ((8, 20), "int64")}
+    steps = ([_compiling(1, shapes=shape), _compiling(2, shapes=shape),
+              _compiling(3, shapes=longer)] + [_step(i, shapes=longer) for i in range(4, 8)])
+    (found,), _ = _recompiles(steps)
+    assert found.severity is Severity.WARNING and found.extra["changes"]
+    assert "[8, 12] -> [8, 20]" in found.message

@@ -13,6 +13,8 @@ from tpukit.run.shapes import describe, diff
 
 SCALAR_READ_OP = "aten::_local_scalar_dense"  # `.item()`: reported as a host sync (TPU703)
 FAIL_ON = ("recompile", "fallback", "sync")
+SETTLED = 3  # quiet steps after a loop's last compile that show its warm-up is over
+DDP = "DistributedDataParallel"
 _KIND_CODE = {"recompile": "TPU701", "fallback": "TPU702", "sync": "TPU703"}
 
 
@@ -45,6 +47,7 @@ class Loops:
             members = self.members.setdefault(self.key(step), [])
             members.append(step)
             self.ordinal[step.index] = len(members)
+        self._settled = {key: self._settled_at(members) for key, members in self.members.items()}
 
     @staticmethod
     def key(step: Step) -> tuple:
@@ -55,6 +58,22 @@ class Loops:
 
     def steady_of(self, key: tuple) -> list[Step]:
         return [s for s in self.members.get(key, []) if self.steady(s)]
+
+    def settled_at(self, key: tuple) -> int | None:
+        """The loop's own warm-up, when it outlasts --warmup: every step up to the S-th compiled,
+        none after, and at least SETTLED complete steps ran after; else None. (DDP's reducer
+        changes the graph in a loop's first 3-5 steps, then never again.)"""
+        return self._settled.get(key)
+
+    def _settled_at(self, members: list[Step]) -> int | None:
+        compiled = [bool(s.compiles) for s in members]
+        if True not in compiled:
+            return None
+        last = len(compiled) - compiled[::-1].index(True)  # ordinal of the last compiling step
+        quiet = sum(1 for s in members[last:] if s.complete)
+        if last > self.warmup and all(compiled[:last]) and quiet >= SETTLED:
+            return last
+        return None
 
     def main(self) -> tuple | None:
         """The loop with the most steps (the training loop, almost always)."""
@@ -81,7 +100,9 @@ def _short(graph_hash: str) -> str:
 
 
 def recompile_findings(steps: list[Step], loops: Loops, script: str,
-                       fallback_lines: dict | None = None) -> list[Finding]:
+                       fallback_lines: dict | None = None,
+                       models: set[str] | None = None) -> list[Finding]:
+    """`models`: the class names of the outermost modules the steps called."""
     by_index = {s.index: s for s in steps}
     history: list[tuple[tuple[str, int] | None, str, int]] = []  # (line, hash, step) in order
     findings = []
@@ -95,7 +116,7 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
                                  if l == line and h != event.graph_hash), None)
                 findings.append(_recompile(step, event, line or step.boundary_at or (script, 1),
                                            by_index.get(previous), per_compile,
-                                           fallback_lines or {}))
+                                           fallback_lines or {}, loops, DDP in (models or ())))
             history.append((line, event.graph_hash, step.index))
         if not step.graphs and step.compiles and loops.steady(step):  # no debug log to read
             findings.append(finding(
@@ -106,17 +127,30 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
 
 
 def _recompile(step: Step, event, where, previous: Step | None, compile_s: float,
-               fallback_lines: dict) -> Finding:
+               fallback_lines: dict, loops: Loops, ddp: bool) -> Finding:
     head = (f"step {step.index}: XLA compiled a new graph (hash {_short(event.graph_hash)}, "
             f"{compile_s:.2f} s) materialising tensors at this line")
     extra = {"step": step.index, "graph_hash": event.graph_hash, "compile_s": round(compile_s, 6),
              "cause": event.cause, "changes": [], "previous_step": None}
+    changes = diff(previous.shapes, step.shapes) if previous is not None else []
+    settled = loops.settled_at(Loops.key(step))
+    if settled is not None and not changes:
+        # The loop's compiles stop for good after its first `settled` steps: a long warm-up,
+        # said as such and at info severity (--fail-on recompile ignores it).
+        cause = (" DistributedDataParallel does this: its reducer rebuilds the gradient buckets "
+                 "after the first iteration (static_graph=True also traces the first "
+                 "iterations), so the graph changes in the first few steps." if ddp else "")
+        message = (f"{head}; every step of this loop up to its step {settled} compiled and none "
+                   f"after ({SETTLED}+ steps): a warm-up longer than --warmup {loops.warmup}, not "
+                   f"a recurring recompile.{cause} `--warmup {settled}` counts these steps as "
+                   "warm-up")
+        extra.update(previous_step=previous.index if previous else None, warmup_steps=settled)
+        return finding("TPU701", message, where, Severity.INFO, **extra)
     if previous is None:
         message = (f"{head}; it is the first graph from this line. Expected if this code runs "
                    "once (evaluation, a checkpoint); if it repeats, raise --warmup or look at why "
                    "the graph is new")
         return finding("TPU701", message, where, **extra)
-    changes = diff(previous.shapes, step.shapes)
     for change in changes:
         origin = step.origins.get(change["name"])
         change["line"] = origin[1] if origin else None
@@ -236,7 +270,7 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
     steps = probe.steps
     loops = Loops(steps, warmup)
     compiles = [g for s in steps for g in s.graphs if g.kind == "compile"]
-    findings = (recompile_findings(steps, loops, script, probe.fallback_lines)
+    findings = (recompile_findings(steps, loops, script, probe.fallback_lines, probe.models)
                 + fallback_findings(probe, steps, loops, script) + sync_findings(steps, loops))
     fallback_total = sum(n for s in steps for op, n in s.fallbacks.items() if op != SCALAR_READ_OP)
     main = loops.main()

@@ -155,6 +155,7 @@ class Probe:
         self._tracer = None
         self._params: dict[type, list[str]] = {}
         self.launches: list[dict] = []  # launches run in this process (torch_xla.launch, ...)
+        self.models: set[str] = set()  # class names of the outermost modules called
 
     # -- installation ---------------------------------------------------------------------
     def install(self) -> None:
@@ -380,6 +381,7 @@ class Probe:
             self.attention.scan(module)
             names = self._param_names(type(module))
             owner = type(module).__name__
+            self.models.add(owner)
             shapes: dict[str, Shape] = {}
             for i, value in enumerate(args):
                 name = names[i] if i < len(names) else f"arg{i}"
