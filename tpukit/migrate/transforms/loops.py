@@ -20,12 +20,16 @@ BARRIERS = {"torch_xla.sync", "torch_xla.core.xla_model.mark_step", "torch_xla.s
             "torch_xla.core.xla_model.optimizer_step"}
 ITER_WRAPPERS = {"enumerate", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "iter"}
 _LOADER_ASSIGN = re.compile(r"(\w+)\s*=\s*(?:[\w.]*\.)?DataLoader\s*\(")
+# `self.train_data.sampler.set_epoch(epoch)`: only a DataLoader has a sampler to set the epoch
+# of, so `train_data` is one (the PyTorch DDP tutorial's Trainer keeps its loader so).
+_LOADER_SAMPLER = re.compile(r"(\w+)\.sampler\.set_epoch\s*\(")
 NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 HOST_READS = ("item", "tolist", "cpu", "numpy")
 
 
 def loader_names(ctx) -> set[str]:
-    return ctx.memo("loader_names", lambda: set(_LOADER_ASSIGN.findall(ctx.source)))
+    return ctx.memo("loader_names", lambda: {*_LOADER_ASSIGN.findall(ctx.source),
+                                             *_LOADER_SAMPLER.findall(ctx.source)})
 
 
 def is_device_loader(expr: cst.BaseExpression) -> bool:
