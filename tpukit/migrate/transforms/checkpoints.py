@@ -11,6 +11,7 @@ from tpukit.migrate.context import is_cuda_device_string, terminal_name
 from tpukit.migrate.transforms.base import Transform, transform
 
 _DICT_ASSIGN = re.compile(r"(\w+)\s*=\s*\{")
+_STATE_ASSIGN = re.compile(r"(\w+)\s*=\s*[\w.]+\.state_dict\s*\(")  # ckp = m.module.state_dict()
 STATE_WORDS = ("state", "checkpoint", "ckpt", "snapshot")
 
 
@@ -34,7 +35,8 @@ class CheckpointSave(Transform):
         obj = node.args[0].value
         extra = [a for a in node.args[2:]] + [a for a in node.args[:2] if a.keyword and a.keyword.value not in ("obj", "f")]
         name = terminal_name(obj).lower()
-        dict_names = self.ctx.memo("dict_names", lambda: set(_DICT_ASSIGN.findall(self.ctx.source)))
+        dict_names = self.ctx.memo("dict_names", lambda: {
+            *_DICT_ASSIGN.findall(self.ctx.source), *_STATE_ASSIGN.findall(self.ctx.source)})
         state = _has_state_dict(obj) or (
             isinstance(obj, (cst.Name, cst.Attribute))
             and (terminal_name(obj) in dict_names or any(w in name for w in STATE_WORDS))
