@@ -215,6 +215,9 @@ class MigrationContext:
         self._memo: dict = {}
         # Names bound to the script's device, innermost scope last.
         self.device_scopes: list[set[str]] = [set()]
+        self._branch_blocks: set[int] = set()  # id() of if/else/loop bodies: scopes of their own
+        self._elifs: set[int] = set()
+        self._bound_in: dict[int, set[str]] = {}  # id(body or elif) -> device names it bound
         # The target's device, as the device rule (TPU101) maps it: an object, what `.to()`
         # and `device=` take when the script has no device variable, and the type string.
         device = load_rules()["TPU101"].target(target)
@@ -275,8 +278,48 @@ class MigrationContext:
     def push_scope(self, names: set[str]) -> None:
         self.device_scopes.append(set(names))
 
-    def pop_scope(self) -> None:
-        self.device_scopes.pop()
+    def pop_scope(self) -> set[str]:
+        return self.device_scopes.pop()
+
+    # A device name bound inside an if/else branch or a loop body is in scope there only; after
+    # an `if` whose every branch (an `else` included) binds it, it is in scope again. The
+    # ImageNet example binds `device` in an `elif` and its `else` branch has none.
+    def enter_branches(self, node: cst.If | cst.For | cst.While) -> None:
+        self._branch_blocks.add(id(node.body))
+        if isinstance(node.orelse, cst.Else):
+            self._branch_blocks.add(id(node.orelse.body))
+        elif isinstance(node, cst.If) and isinstance(node.orelse, cst.If):
+            self._elifs.add(id(node.orelse))
+
+    def enter_block(self, block: cst.BaseSuite) -> None:
+        if id(block) in self._branch_blocks:
+            self.push_scope(set())
+
+    def leave_block(self, block: cst.BaseSuite) -> None:
+        if id(block) in self._branch_blocks:
+            self._branch_blocks.discard(id(block))
+            self._bound_in[id(block)] = self.pop_scope()
+
+    def leave_loop(self, node: cst.For | cst.While) -> None:
+        """A loop body may not run: what it bound stays in it."""
+        self._bound_in.pop(id(node.body), None)
+        if isinstance(node.orelse, cst.Else):
+            self._bound_in.pop(id(node.orelse.body), None)
+
+    def leave_if(self, node: cst.If) -> None:
+        """The names every branch of this if/elif/else chain binds, bound after it."""
+        bound = self._bound_in.pop(id(node.body), set())
+        if isinstance(node.orelse, cst.Else):
+            bound &= self._bound_in.pop(id(node.orelse.body), set())
+        elif isinstance(node.orelse, cst.If):
+            bound &= self._bound_in.pop(id(node.orelse), set())
+        else:
+            bound = set()
+        if id(node) in self._elifs:
+            self._elifs.discard(id(node))
+            self._bound_in[id(node)] = bound  # for the `if` this is the elif of
+        else:
+            self.device_scopes[-1].update(bound)
 
     def bind_device(self, name: str) -> None:
         self.device_scopes[-1].add(name)

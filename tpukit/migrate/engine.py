@@ -223,6 +223,10 @@ class Rewriter(cst.CSTTransformer):
             params = node.params.params + node.params.kwonly_params + node.params.posonly_params
             ctx.push_scope({p.name.value for p in params if p.name.value == "device"})
             ctx.functions.append(node)
+        elif isinstance(node, (cst.If, cst.For, cst.While)):
+            ctx.enter_branches(node)
+        elif isinstance(node, cst.BaseSuite):
+            ctx.enter_block(node)
         for hook in self.hooks.visit.get(type(node).__name__, ()):
             plan = hook(node)
             if plan is not None:
@@ -239,6 +243,12 @@ class Rewriter(cst.CSTTransformer):
         if isinstance(original, (cst.FunctionDef, cst.Lambda)):
             self.ctx.pop_scope()
             self.ctx.functions.pop()
+        elif isinstance(original, cst.BaseSuite):
+            self.ctx.leave_block(original)
+        elif isinstance(original, cst.If):
+            self.ctx.leave_if(original)
+        elif isinstance(original, (cst.For, cst.While)):
+            self.ctx.leave_loop(original)
         elif isinstance(original, (cst.Import, cst.ImportFrom)):
             self.ctx.in_import = False
         elif isinstance(original, cst.FormattedString):
