@@ -9,10 +9,13 @@ import libcst as cst
 
 from tpukit.migrate.context import is_cuda_device_string, terminal_name
 from tpukit.migrate.transforms.base import Transform, transform
+from tpukit.migrate.transforms.devices import names_a_device
 
 _DICT_ASSIGN = re.compile(r"(\w+)\s*=\s*\{")
 _STATE_ASSIGN = re.compile(r"(\w+)\s*=\s*[\w.]+\.state_dict\s*\(")  # ckp = m.module.state_dict()
 STATE_WORDS = ("state", "checkpoint", "ckpt", "snapshot")
+# loc = 'cuda:{}'.format(args.gpu) / device = "cuda" / dev = torch.device("cuda", rank)
+_CUDA_ASSIGN = re.compile(r"""(\w+)\s*=\s*(?:torch\.device\(\s*)?f?['"]cuda\b""")
 
 
 def _has_state_dict(expr: cst.BaseExpression) -> bool:
@@ -76,7 +79,8 @@ class LoadMapLocation(Transform):
             cuda = value_is_cuda or is_cuda_device_string(value) or isinstance(value, (cst.Dict, cst.Lambda)) or (
                 isinstance(value, cst.Call) and self.ctx.qualify(value.func) == "torch.device"
                 and value.args and is_cuda_device_string(value.args[0].value))
-            if not cuda:
+            held = not cuda and self._holds_device(value)
+            if not (cuda or held):
                 return None
 
             def build(i=i):
@@ -84,10 +88,22 @@ class LoadMapLocation(Transform):
                 args[i] = args[i].with_changes(value=cst.SimpleString('"cpu"'))
                 return updated.with_changes(args=args)
 
+            where = ("names the device, and torch.load cannot restore storage onto an XLA or "
+                     "TPU device" if held else "puts the checkpoint on a CUDA device")
             return self.fix_or_report(
                 value,
-                f"`map_location={self.ctx.short(value)}` puts the checkpoint on a CUDA device; load "
-                'to the CPU (`map_location="cpu"`) and let `.to(device)`/`load_state_dict` move it',
+                f"`map_location={self.ctx.short(value)}` {where}; load to the CPU "
+                '(`map_location="cpu"`) and let `.to(device)`/`load_state_dict` move it',
                 build,
             )
         return None
+
+    def _holds_device(self, value: cst.BaseExpression) -> bool:
+        """A variable holding the device: named so (`device`, `dev`), or assigned a CUDA device
+        string in this file (`loc = "cuda:{}".format(gpu)`). After the port it holds the TPU,
+        which torch.load cannot map storage to."""
+        if not isinstance(value, (cst.Name, cst.Attribute)):
+            return False
+        cuda_names = self.ctx.memo("cuda_string_names",
+                                   lambda: set(_CUDA_ASSIGN.findall(self.ctx.source)))
+        return names_a_device(value) or terminal_name(value) in cuda_names
