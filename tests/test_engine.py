@@ -422,6 +422,38 @@ def test_tied_weights_are_retied_after_a_chained_move():
     assert result.endswith("lm = LM().to(device)\nlm.emb.weight = lm.head.weight\n")
 
 
+TIED_LM = (
+    "import torch.nn as nn\n\n\nclass GPT(nn.Module):\n"
+    "    def __init__(self):\n        super().__init__()\n"
+    "        self.wte = nn.Embedding(10, 4)\n        self.lm_head = nn.Linear(4, 10)\n"
+    "        self.wte.weight = self.lm_head.weight\n\n"
+    "    @classmethod\n    def from_pretrained(cls, name):\n        return cls()\n"
+)
+
+
+@pytest.mark.parametrize("layout, script, importer", [
+    # nanoGPT: train.py imports the model from model.py beside it
+    ("model.py", "train.py", "from model import GPT\n"),
+    ("pkg/model.py", "pkg/train.py", "from .model import GPT\n"),
+    ("pkg/model.py", "pkg/train.py", "from pkg.model import GPT\n"),  # python -m pkg.train
+    ("lm/model.py", "train.py", "import lm.model as lm_model\nGPT = lm_model.GPT\n"),
+])
+def test_a_model_imported_from_a_local_module_is_retied(tmp_path, layout, script, importer):
+    for package in {p for p in (tmp_path / layout).relative_to(tmp_path).parents if str(p) != "."}:
+        (tmp_path / package).mkdir(parents=True, exist_ok=True)
+        (tmp_path / package / "__init__.py").touch()
+    (tmp_path / layout).write_text(TIED_LM)
+    source = (f"import torch\n{importer}\ndevice = 'cuda'\nif scratch:\n    model = GPT()\n"
+              "else:\n    model = GPT.from_pretrained('gpt2')\nmodel.to(device)\n")
+    if importer.startswith("import lm.model"):  # through the module: lm_model.GPT(...)
+        source = source.replace("GPT()", "lm_model.GPT()")
+    new = migrate_source(source, str(tmp_path / script), ALL).new_source
+    assert new.endswith("model.to(device)\nmodel.wte.weight = model.lm_head.weight\n"), new
+    # no such module beside the script: nothing to tie, nothing invented
+    elsewhere = migrate_source(source, str(tmp_path / "other" / "train.py"), ALL).new_source
+    assert "weight =" not in elsewhere
+
+
 # -- torchtpu: the eager mode set at start-up -------------------------------------------------
 def torchtpu(eager_mode: str | None = "fused") -> MigrateOptions:
     return MigrateOptions(rules=ALL.rules, target="torchtpu", eager_mode=eager_mode)

@@ -192,10 +192,12 @@ class Report:
 
 class MigrationContext:
     def __init__(
-        self, module: cst.Module, target: str, unsafe_fixes: bool, source: str = ""
+        self, module: cst.Module, target: str, unsafe_fixes: bool, source: str = "",
+        path: str = "",
     ) -> None:
         self.module = module
         self.source = source  # the file's text, for cheap whole-file lookups (regex prepasses)
+        self.path = path  # the file's path, for the local modules it imports
         self.target = target
         self.unsafe_fixes = unsafe_fixes
         self.aliases: dict[str, str] = {}

@@ -72,7 +72,7 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
     if not any(trigger in source for trigger in triggers_of(options.rules)):
         return Migration(source, source)
     module = cst.parse_module(source)
-    ctx = MigrationContext(module, options.target, options.unsafe_fixes, source)
+    ctx = MigrationContext(module, options.target, options.unsafe_fixes, source, path)
     transforms = []
     triggers = set(statement_triggers_of(options.rules))
     for rule in options.rules:
@@ -81,7 +81,7 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
         cls = transform_for(rule)
         if cls is not None:
             transforms.append(cls(rule, ctx))
-            triggers |= cls.extra_triggers(source)
+            triggers |= transforms[-1].extra_triggers(source)
     layout = Layout(module, source, tuple(sorted(triggers)))
     rewriter = Rewriter(ctx, HookTable(transforms), layout)
     new_module = module.visit(rewriter)
