@@ -339,6 +339,7 @@ def test_a_ddp_trainer_is_observed_through_its_launch_and_its_warm_up_is_not_a_f
     summary = json.loads((tmp_path / "r.json").read_text())["summary"]
     assert summary["launches"][0]["line"] == line_of(script, "torch_xla.launch(")
     assert summary["steps"] >= 16 and summary["recompiles_after_warmup"] > 0
+    assert summary["recompiles_in_long_warmup"] == summary["recompiles_after_warmup"]
     report = json.loads((tmp_path / "r.json").read_text())
     recompiles = by_code(report, "TPU701")
     assert recompiles and all(f["severity"] == "info" for f in recompiles)

@@ -168,6 +168,7 @@ def test_compiles_that_stop_after_the_first_steps_are_a_long_warm_up_at_info():
     assert "`--warmup 4`" in found[0].message
     assert analysis.failures(["recompile"]) == []
     assert analysis.summary["recompiles_after_warmup"] == 2  # still counted: they happened
+    assert analysis.summary["recompiles_in_long_warmup"] == 2
     plain, _ = _recompiles(steps)
     assert "DistributedDataParallel" not in plain[0].message and plain[0].severity is Severity.INFO
 
@@ -183,6 +184,18 @@ def test_compiles_that_do_not_settle_stay_warnings(pattern):
     assert found and all(f.severity is Severity.WARNING for f in found)
     assert not any("warm-up longer" in f.message for f in found)
     assert analysis.failures(["recompile"]) == ["recompile"]
+    assert analysis.summary["recompiles_in_long_warmup"] == 0
+
+
+def test_two_graphs_of_one_step_are_not_compared_with_each_other():
+    first, second = _compiling(3), GraphEvent("compile", "other", frames=[("f", "/tmp/train.py", 56)])
+    first.graphs.append(second)
+    first.compiles, first.compile_s = 2, 3.0
+    steps = [_compiling(1), _compiling(2), first] + [_step(i) for i in range(4, 6)]
+    found, _ = _recompiles(steps)
+    assert [f.extra["previous_step"] for f in found] == [2, 2]
+    assert "against step 3's" not in found[1].message
+    assert "one of 2 graphs compiled in this step, 3.00 s in all" in found[0].message
 
 
 def test_a_shape_change_in_a_long_warm_up_is_still_named():

@@ -65,6 +65,11 @@ class Loops:
         changes the graph in a loop's first 3-5 steps, then never again.)"""
         return self._settled.get(key)
 
+    def in_long_warmup(self, step: Step) -> bool:
+        """A steady step whose loop's compiles settle at or after it (see settled_at)."""
+        settled = self.settled_at(self.key(step))
+        return self.steady(step) and settled is not None and self.ordinal[step.index] <= settled
+
     def _settled_at(self, members: list[Step]) -> int | None:
         compiled = [bool(s.compiles) for s in members]
         if True not in compiled:
@@ -112,10 +117,12 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
         for event in step.graphs:
             line = _graph_line(event)
             if event.kind == "compile" and loops.steady(step):
+                # the last other graph an earlier step ran from this line (one step can run
+                # two graphs from a line, e.g. a read that cuts the step's graph early)
                 previous = next((s for l, h, s in reversed(history)
-                                 if l == line and h != event.graph_hash), None)
+                                 if l == line and h != event.graph_hash and s != step.index), None)
                 findings.append(_recompile(step, event, line or step.boundary_at or (script, 1),
-                                           by_index.get(previous), per_compile,
+                                           by_index.get(previous), per_compile, len(compiled),
                                            fallback_lines or {}, loops, DDP in (models or ())))
             history.append((line, event.graph_hash, step.index))
         if not step.graphs and step.compiles and loops.steady(step):  # no debug log to read
@@ -127,9 +134,12 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
 
 
 def _recompile(step: Step, event, where, previous: Step | None, compile_s: float,
-               fallback_lines: dict, loops: Loops, ddp: bool) -> Finding:
+               graphs: int, fallback_lines: dict, loops: Loops, ddp: bool) -> Finding:
+    # torch_xla times compiles per step, not per graph: with several, say the step's total
+    took = (f"{compile_s:.2f} s" if graphs <= 1 else
+            f"one of {graphs} graphs compiled in this step, {step.compile_s:.2f} s in all")
     head = (f"step {step.index}: XLA compiled a new graph (hash {_short(event.graph_hash)}, "
-            f"{compile_s:.2f} s) materialising tensors at this line")
+            f"{took}) materialising tensors at this line")
     extra = {"step": step.index, "graph_hash": event.graph_hash, "compile_s": round(compile_s, 6),
              "cause": event.cause, "changes": [], "previous_step": None}
     changes = diff(previous.shapes, step.shapes) if previous is not None else []
@@ -292,6 +302,7 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
         "distinct_graphs": len({g.graph_hash for g in compiles}) if compiles
         else sum(s.compiles for s in steps),
         "recompiles_after_warmup": sum(s.compiles for s in steps if loops.steady(s)),
+        "recompiles_in_long_warmup": sum(s.compiles for s in steps if loops.in_long_warmup(s)),
         "fallbacks": fallback_total,
         "host_syncs": sum(len(s.reads) for s in steps),
         "host_transfers": sum(s.transfers for s in steps),

@@ -336,6 +336,14 @@ def _median_text(summary: dict) -> str:
     return f"{summary['step_time_median_s'] * 1000:.1f} ms (median of {count} steps{where})"
 
 
+def _recompiles_text(summary: dict) -> str:
+    total, settling = summary["recompiles_after_warmup"], summary["recompiles_in_long_warmup"]
+    if not settling:
+        return str(total)
+    which = "all" if settling == total else str(settling)
+    return f"{total} ({which} in a warm-up longer than --warmup: see TPU701)"
+
+
 def _print_summary(summary: dict, stream) -> None:
     table = Table(title=f"tpukit run: {summary['script']} on {summary['device']}", show_header=False)
     table.add_column("what", style="bold")
@@ -350,7 +358,7 @@ def _print_summary(summary: dict, stream) -> None:
          else "n/a (no step after warm-up)"),
         ("compilations", f"{summary['compiles']} ({summary['compile_s']:.2f} s), "
                          f"{summary['distinct_graphs']} distinct graph(s)"),
-        ("recompiles after warm-up", str(summary["recompiles_after_warmup"])),
+        ("recompiles after warm-up", _recompiles_text(summary)),
         ("CPU fallbacks", str(summary["fallbacks"])),
         ("host reads", f"{summary['host_syncs']} ({summary['host_transfers']} transfers)"),
         ("wall time", f"{summary['wall_s']:.2f} s"),
