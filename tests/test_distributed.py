@@ -13,6 +13,7 @@ import ast
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 import tomllib
@@ -36,6 +37,12 @@ def losses_of(stdout: str) -> list[float]:
     return ast.literal_eval(re.search(r"^losses: (.*)$", stdout, re.M).group(1))
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     cache = {}
@@ -47,7 +54,10 @@ def runs(tmp_path_factory):
             script = str(FIXTURES / name / "xla.py")
             launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1"]
                         if cfg.get("launcher") == "torchrun" else [sys.executable])
-            env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONUNBUFFERED": "1"}
+            env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONUNBUFFERED": "1",
+                   # xla:// rendezvous listens on MASTER_PORT (default 12355): a port of its
+                   # own, so runs on two test workers do not collide (EADDRINUSE)
+                   "MASTER_PORT": str(_free_port())}
             env.pop("CPU_NUM_DEVICES", None)
             proc = subprocess.run([*launcher, script, *cfg["args"], "--out", str(out)], cwd=out,
                                   env=env, capture_output=True, text=True, timeout=600)

@@ -18,8 +18,20 @@ def _xla_memory_stat(key):
     except RuntimeError:
         return 0
 ''',
+    "_xla_launch_process_count": '''
+def _xla_launch_process_count():
+    """torch.cuda.device_count() next to torch_xla.launch (inserted by tpukit): the processes
+    the launch starts on this host, counted as torch_xla counts them (TPU chips on the PCI
+    bus), without starting the XLA runtime, which must not start before the launch."""
+    if xr.device_type() == "TPU":
+        from torch_xla._internal import tpu  # what torch_xla.launch itself asks (2.9)
+
+        return tpu.num_local_processes()
+    return 1  # torch_xla.launch starts one process on other devices (XLA:CPU included)
+''',
 }
-IMPORTS_OF: dict[str, tuple[str, ...]] = {"_xla_memory_stat": ("xm", "torch_xla")}
+IMPORTS_OF: dict[str, tuple[str, ...]] = {"_xla_memory_stat": ("xm", "torch_xla"),
+                                          "_xla_launch_process_count": ("xr",)}
 
 
 def _defined(module: cst.Module) -> set[str]:

@@ -10,7 +10,8 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
   when        a regular expression the call's source must match for the entry to apply
   before_launch  the `replace` template to use instead in a launcher's scope (the function or
               top level that calls mp.spawn / torch_xla.launch), where the XLA runtime must
-              not be initialised yet (`before_launch_note`: its note)
+              not be initialised yet (`before_launch_note`: its note, `before_launch_helper`:
+              its helper)
 """
 
 from __future__ import annotations
@@ -86,7 +87,10 @@ class CallMap(Transform):
         template = entry["replace"]
         if "before_launch" in entry and self.ctx.in_launcher():
             template = entry["before_launch"]
-            entry = {**entry, "note": entry.get("before_launch_note", entry.get("note"))}
+            entry = {k: v for k, v in entry.items() if k != "helper"}
+            entry.update(note=entry.get("before_launch_note", entry.get("note")))
+            if "before_launch_helper" in entry:
+                entry["helper"] = entry["before_launch_helper"]
         new = self._format(template, node)
 
         def build():
