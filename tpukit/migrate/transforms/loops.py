@@ -174,6 +174,56 @@ def _calls_stepping_function(ctx, node: cst.Call) -> bool:
     return isinstance(func, cst.Name) and is_stepping_function(ctx, func.value)
 
 
+class _Accumulation(cst.CSTVisitor):
+    """The loops nested in a training step's loop (not in functions), and of a loop body the
+    line that calls `.backward()` (not in a deeper loop)."""
+
+    def __init__(self, nested: bool) -> None:
+        self.nested = nested
+        self.loops: list[cst.For | cst.While] = []
+        self.backward: cst.SimpleStatementLine | None = None
+        self._line: cst.SimpleStatementLine | None = None
+
+    def _enter(self, node) -> bool:
+        if self.nested:
+            self.loops.append(node)
+        return False
+
+    def visit_For(self, node) -> bool:
+        return self._enter(node)
+
+    def visit_While(self, node) -> bool:
+        return self._enter(node)
+
+    def visit_FunctionDef(self, node) -> bool:
+        return False
+
+    def visit_SimpleStatementLine(self, node) -> None:
+        self._line = node
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if (not self.nested and self.backward is None and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value == "backward"):
+            self.backward = self._line
+
+
+def accumulation_backwards(ctx, loop: cst.For | cst.While) -> list[cst.SimpleStatementLine]:
+    """Gradient accumulation in a training step's loop: the `.backward()` lines of its inner
+    loops that neither step an optimizer nor cut the graph (nanoGPT's micro-steps)."""
+    inner = _Accumulation(nested=True)
+    loop.body.visit(inner)
+    lines = []
+    for micro in inner.loops:
+        steps = find_steps(ctx, micro)
+        if steps.step_lines or steps.has_barrier:
+            continue
+        body = _Accumulation(nested=False)
+        micro.body.visit(body)
+        if body.backward is not None:
+            lines.append(body.backward)
+    return lines
+
+
 def find_steps(ctx, loop: cst.For | cst.While) -> _StepFinder:
     """The optimizer steps and barriers of a loop body, computed once per loop for all rules."""
     def scan() -> _StepFinder:
@@ -285,6 +335,7 @@ class StepBarrier(Transform):
         self.after: dict[cst.CSTNode, cst.CSTNode] = {}  # step line -> loop it belongs to
         self.at_end: set[cst.CSTNode] = set()  # eval loops: sync as last statement
         self.before: dict[cst.CSTNode, cst.CSTNode] = {}  # eval loops: sync before this line
+        self.micro_steps: set[cst.CSTNode] = set()  # backward lines of accumulation loops
         self.no_grad_depth = 0
 
     def _no_grad_decorated(self, node: cst.FunctionDef) -> bool:
@@ -320,6 +371,7 @@ class StepBarrier(Transform):
             return
         if finder.step_lines:
             self.after[finder.step_lines[-1]] = node  # after the last step: one barrier a step
+            self.micro_steps.update(accumulation_backwards(self.ctx, node))
         elif self.no_grad_depth and finder.calls_batch:
             body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
             if finder.first_host_read is not None and finder.first_host_read in body:
@@ -349,6 +401,16 @@ class StepBarrier(Transform):
                     self._sync_line().with_changes(leading_lines=updated.leading_lines),
                     updated.with_changes(leading_lines=()),
                 ]),
+            )
+        if original in self.micro_steps:
+            self.micro_steps.discard(original)
+            return self.fix_or_report(
+                original,
+                "gradient accumulation without a graph barrier per micro-step: XLA would trace "
+                "every micro-step's forward and backward into one graph (a compile that grows "
+                "with the accumulation count, and a new graph per count); `torch_xla.sync()` "
+                "added after the backward",
+                lambda: cst.FlattenSentinel([updated, self._sync_line()]),
             )
         if original not in self.after:
             return None
