@@ -187,6 +187,16 @@ def test_compiles_that_do_not_settle_stay_warnings(pattern):
     assert analysis.summary["recompiles_in_long_warmup"] == 0
 
 
+def test_compiles_from_data_dependent_fallbacks_are_not_called_warm_up():
+    # nonzero's output size follows the data: the compiles stop once each size was seen
+    steps = ([_compiling(i, fallbacks={"aten::nonzero": 1}) for i in range(1, 5)]
+             + [_step(i, fallbacks={"aten::nonzero": 1}) for i in range(5, 9)])
+    found, analysis = _recompiles(steps)
+    assert found and all(f.severity is Severity.WARNING for f in found)
+    assert all("aten::nonzero" in f.message for f in found)
+    assert analysis.summary["recompiles_in_long_warmup"] == 0
+
+
 def test_two_graphs_of_one_step_are_not_compared_with_each_other():
     first, second = _compiling(3), GraphEvent("compile", "other", frames=[("f", "/tmp/train.py", 56)])
     first.graphs.append(second)

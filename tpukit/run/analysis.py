@@ -62,13 +62,8 @@ class Loops:
     def settled_at(self, key: tuple) -> int | None:
         """The loop's own warm-up, when it outlasts --warmup: every step up to the S-th compiled,
         none after, and at least SETTLED complete steps ran after; else None. (DDP's reducer
-        changes the graph in a loop's first 3-5 steps, then never again.)"""
+        changes the graph in a loop's first 3-4 steps, then never again.)"""
         return self._settled.get(key)
-
-    def in_long_warmup(self, step: Step) -> bool:
-        """A steady step whose loop's compiles settle at or after it (see settled_at)."""
-        settled = self.settled_at(self.key(step))
-        return self.steady(step) and settled is not None and self.ordinal[step.index] <= settled
 
     def _settled_at(self, members: list[Step]) -> int | None:
         compiled = [bool(s.compiles) for s in members]
@@ -143,8 +138,10 @@ def _recompile(step: Step, event, where, previous: Step | None, compile_s: float
     extra = {"step": step.index, "graph_hash": event.graph_hash, "compile_s": round(compile_s, 6),
              "cause": event.cause, "changes": [], "previous_step": None}
     changes = diff(previous.shapes, step.shapes) if previous is not None else []
+    dynamic = _data_dependent_lines(step, fallback_lines)
     settled = loops.settled_at(Loops.key(step))
-    if settled is not None and not changes:
+    # Sizes that vary with the data can stop compiling once each size was seen: not warm-up.
+    if settled is not None and not changes and not dynamic:
         # The loop's compiles stop for good after its first `settled` steps: a long warm-up,
         # said as such and at info severity (--fail-on recompile ignores it).
         cause = (" DistributedDataParallel does this: its reducer rebuilds the gradient buckets "
@@ -168,7 +165,6 @@ def _recompile(step: Step, event, where, previous: Step | None, compile_s: float
     if not changes:
         message = (f"{head}; against step {previous.index}'s graph from this line no batch or "
                    "forward input changed shape or dtype, so the graph itself changed")
-        dynamic = _data_dependent_lines(step, fallback_lines)
         if dynamic:
             message += (f". This step ran ops whose output size depends on the data on the CPU "
                         f"({dynamic}): their results enter the graph with a new size whenever the "
@@ -283,6 +279,7 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
     findings = (recompile_findings(steps, loops, script, probe.fallback_lines, probe.models)
                 + fallback_findings(probe, steps, loops, script) + sync_findings(steps, loops))
     fallback_total = sum(n for s in steps for op, n in s.fallbacks.items() if op != SCALAR_READ_OP)
+    long_warmup = {f.extra["step"] for f in findings if "warmup_steps" in f.extra}
     main = loops.main()
     main_steady = loops.steady_of(main) if main else []
     summary = {
@@ -302,7 +299,7 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
         "distinct_graphs": len({g.graph_hash for g in compiles}) if compiles
         else sum(s.compiles for s in steps),
         "recompiles_after_warmup": sum(s.compiles for s in steps if loops.steady(s)),
-        "recompiles_in_long_warmup": sum(s.compiles for s in steps if loops.in_long_warmup(s)),
+        "recompiles_in_long_warmup": sum(s.compiles for s in steps if s.index in long_warmup),
         "fallbacks": fallback_total,
         "host_syncs": sum(len(s.reads) for s in steps),
         "host_transfers": sum(s.transfers for s in steps),

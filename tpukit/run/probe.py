@@ -252,7 +252,12 @@ class Probe:
         # and counts each one when it finishes, often after the sync that launched it.
         idle = not (step.graphs or step.compiles or step.reads or step.fallbacks
                     or step.inputs_seen)
-        if idle:  # an empty sync: nothing to count, the step goes on
+        # MpDeviceLoader syncs before it yields each batch, the first included: what ran
+        # before the loop (set-up, or an epoch's eval and checkpoint) ends there with no batch
+        # and no forward. It is no step of its own: it counts in the first batch's step, so
+        # that steps are the loop's iterations (--max-steps N runs N of them).
+        before_loop = boundary == "MpDeviceLoader" and not step.inputs_seen
+        if idle or before_loop:  # the step goes on
             return
         step.end, step.boundary, step.boundary_at, step.complete = now, boundary, where, not final
         self.steps.append(step)
