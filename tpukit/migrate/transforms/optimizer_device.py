@@ -63,49 +63,76 @@ class OptimizerBeforeDevice(Transform):
         inner = value.args[0].value if value.args else None
         return isinstance(inner, cst.Name) and any(self._moves(s, inner.value) for s in before)
 
-    def _fix_body(self, original_body, updated_body):
-        new_body = list(updated_body)
-        changed = False
-        for j, stmt in enumerate(original_body):
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        # line that builds a model -> (the optimizer call built before it moves, model name).
+        # Planned on the original block before its statements are visited, applied to the
+        # rewritten line: other rules may add lines before it, so positions would not do.
+        self.plans: dict[cst.CSTNode, tuple[cst.Call, str]] = {}
+
+    def _plan(self, body) -> None:
+        for j, stmt in enumerate(body):
             found = self._optimizer_model(stmt)
             if found is None:
                 continue
             model, call = found
             for i in range(j - 1, -1, -1):
-                assigned = _assigned_name(original_body[i])
-                if self._moves(original_body[i], model):
+                assigned = _assigned_name(body[i])
+                if self._moves(body[i], model):
                     break  # moved (or built on the device) before the optimizer: fine
                 if assigned is None or assigned[0] != model:
                     continue
                 value = assigned[1].value
-                if not isinstance(value, cst.Call) or self._wraps_moved(value, original_body[:i]):
-                    break
-
-                def build(i=i):
-                    line = new_body[i]
-                    new_assign = line.body[0].with_changes(value=cst.Call(
-                        func=cst.Attribute(value=line.body[0].value, attr=cst.Name("to")),
-                        args=[cst.Arg(self.ctx.device_expr())]))
-                    return line.with_changes(body=[new_assign])
-
-                replacement = self.fix_or_report(
-                    call, self.say(
-                        "optimizer", "`{call}` is built from `{model}`'s parameters before "
-                        "`{model}` is on the XLA device; moving a module to XLA replaces its "
-                        "Parameter objects, so this optimizer would update stale CPU copies and "
-                        "the model would never train: `{model}` moves to the device where it is "
-                        "built", call=self.ctx.short(call), model=model),
-                    build)
-                if replacement is not None:
-                    new_body[i] = replacement
-                    changed = True
+                if isinstance(value, cst.Call) and not self._wraps_moved(value, body[:i]):
+                    self.plans[body[i]] = (call, model)
                 break
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._plan(node.body)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._plan(node.body)
+
+    def leave_SimpleStatementLine(self, original, updated):
+        return self._move(original, updated)
+
+    def _apply_in(self, original_body, updated_body) -> list | None:
+        """Lines the engine skipped (nothing in them to rewrite) get no leave hook of their
+        own: they are the same objects in the rewritten block, found there by identity."""
+        new_body, changed = list(updated_body), False
+        for stmt in original_body:
+            if stmt in self.plans:
+                at = next((k for k, s in enumerate(new_body) if s is stmt), None)
+                moved = self._move(stmt, stmt) if at is not None else None
+                if moved is not None:
+                    new_body[at], changed = moved, True
         return new_body if changed else None
 
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock):
-        body = self._fix_body(original.body, updated.body)
+        body = self._apply_in(original.body, updated.body)
         return None if body is None else updated.with_changes(body=body)
 
     def leave_Module(self, original: cst.Module, updated: cst.Module):
-        body = self._fix_body(original.body, updated.body)
+        body = self._apply_in(original.body, updated.body)
         return None if body is None else updated.with_changes(body=body)
+
+    def _move(self, original, updated):
+        planned = self.plans.pop(original, None)
+        if planned is None:
+            return None
+        call, model = planned
+
+        def build():
+            assign = updated.body[0]
+            return updated.with_changes(body=[assign.with_changes(value=cst.Call(
+                func=cst.Attribute(value=assign.value, attr=cst.Name("to")),
+                args=[cst.Arg(self.ctx.device_expr())]))])
+
+        return self.fix_or_report(
+            call, self.say(
+                "optimizer", "`{call}` is built from `{model}`'s parameters before "
+                "`{model}` is on the XLA device; moving a module to XLA replaces its "
+                "Parameter objects, so this optimizer would update stale CPU copies and "
+                "the model would never train: `{model}` moves to the device where it is "
+                "built", call=self.ctx.short(call), model=model),
+            build)
