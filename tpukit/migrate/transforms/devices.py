@@ -11,6 +11,8 @@ Two worlds, kept apart so the migrated script keeps its types:
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from tpukit.migrate.context import (
@@ -286,3 +288,35 @@ class DeviceTypeComparison(Transform):
     def _xla(self, literal):
         need_device_module(self.ctx)
         return device_string(self.ctx, literal)
+
+
+_SEEDS_XLA = re.compile(r"cuda\.manual_seed|torch_xla\.manual_seed|set_rng_state")
+
+
+@transform("TPU118")
+class SeedXla(Transform):
+    """`torch.manual_seed(s)` as a statement: `torch_xla.manual_seed(s)` after it, since the XLA
+    device's generator is not torch's (unless the file seeds the XLA device already)."""
+
+    def leave_SimpleStatementLine(self, original, updated):
+        if len(original.body) != 1 or not isinstance(original.body[0], cst.Expr):
+            return None
+        call = original.body[0].value
+        if not (isinstance(call, cst.Call) and call.args
+                and self.ctx.qualify(call.func) == "torch.manual_seed"):
+            return None
+        if self.ctx.memo("seeds_xla", lambda: bool(_SEEDS_XLA.search(self.ctx.source))):
+            return None
+        seed = updated.body[0].value.args[0].value
+
+        def build():
+            line = cst.SimpleStatementLine([cst.Expr(cst.Call(
+                func=self.ctx.expr("torch_xla.manual_seed"), args=[cst.Arg(seed)]))])
+            return cst.FlattenSentinel([updated, line])
+
+        return self.fix_or_report(
+            original,
+            f"`{self.ctx.short(call)}` does not seed the XLA device's generator (dropout, "
+            "random tensors on the device): `torch_xla.manual_seed(...)` added after it",
+            build,
+        )
