@@ -87,14 +87,12 @@ class CallMap(Transform):
         template = entry["replace"]
         if "before_launch" in entry and self.ctx.in_launcher():
             template = entry["before_launch"]
-            entry = {k: v for k, v in entry.items() if k != "helper"}
-            entry.update(note=entry.get("before_launch_note", entry.get("note")))
-            if "before_launch_helper" in entry:
-                entry["helper"] = entry["before_launch_helper"]
+            entry = {**entry, "note": entry.get("before_launch_note", entry.get("note")),
+                     "helper": entry.get("before_launch_helper")}
         new = self._format(template, node)
 
         def build():
-            if "helper" in entry:
+            if entry.get("helper"):
                 self.ctx.helpers_needed.add(entry["helper"])
             return self.ctx.expr(new)
 
