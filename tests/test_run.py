@@ -176,6 +176,17 @@ def test_script_errors_print_a_clean_traceback_and_keep_the_steps(tmp_path, run_
     assert summary["steps"] == 3
 
 
+def test_formatting_a_device_tensor_is_named_as_a_host_read(tmp_path, run_cli):
+    # f"{x:.2f}" reads the device through Tensor.__format__ (an AverageMeter's __str__ does)
+    path = _script(tmp_path, STEPS + "    print(f'{x.sum():.2f}')\n")
+    proc = run_cli("run", "--json", tmp_path / "r.json", path, "5", env=CPU)
+    assert proc.returncode == 0, proc.stderr
+    (read,) = by_code(json.loads((tmp_path / "r.json").read_text()), "TPU703")
+    assert read["line"] == line_of(path, "print(f'{x.sum():.2f}')")
+    assert read["extra"]["method"] == "__format__" and read["extra"]["count"] == 5
+    assert "`format(tensor)`" in read["message"] and "every N steps" in read["message"]
+
+
 def test_sys_exit_code_passes_through(tmp_path, run_cli):
     path = _script(tmp_path, STEPS + "sys.exit(7)\n")
     proc = run_cli("run", "--format", "json", path, "3", env=CPU)

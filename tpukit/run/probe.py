@@ -36,7 +36,9 @@ from tpukit.run.debuglog import DebugLog, GraphEvent
 from tpukit.run.shapes import Shape, signature
 
 # Tensor methods that copy device data to the host (a sync that waits for the device).
-HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
+# `__format__`: an f-string or str.format of a tensor (`f"{loss:.3f}"`, a meter's `{val:6.2f}`)
+HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__",
+              "__format__")
 MAX_TRACED_STEPS = 8
 _INHERITED = object()
 
