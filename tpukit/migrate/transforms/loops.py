@@ -130,8 +130,9 @@ def is_stepping_function(ctx, name: str) -> bool:
 
 
 class _StepFinder(cst.CSTVisitor):
-    """Statements of one loop body (not nested loops or functions) that step an optimizer,
-    and whether the body already has a graph barrier."""
+    """Statements of one loop body (not nested loops or functions) that step an optimizer or
+    call `.backward()`, whether the body already has a graph barrier, and the loops nested in
+    it."""
 
     def __init__(self, ctx) -> None:
         self.ctx = ctx
@@ -139,12 +140,16 @@ class _StepFinder(cst.CSTVisitor):
         self.has_barrier = False
         self.calls_batch = False
         self.first_host_read: cst.SimpleStatementLine | None = None  # `.item()` and friends
+        self.backward: cst.SimpleStatementLine | None = None  # the first `.backward()` line
+        self.inner_loops: list[cst.For | cst.While] = []
         self._line: cst.SimpleStatementLine | None = None
 
     def visit_For(self, node) -> bool:
+        self.inner_loops.append(node)
         return False
 
     def visit_While(self, node) -> bool:
+        self.inner_loops.append(node)
         return False
 
     def visit_FunctionDef(self, node) -> bool:
@@ -165,6 +170,9 @@ class _StepFinder(cst.CSTVisitor):
         if (isinstance(node.func, cst.Attribute) and node.func.attr.value in HOST_READS
                 and self.first_host_read is None and self._line is not None):
             self.first_host_read = self._line
+        if (isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward"
+                and self.backward is None):
+            self.backward = self._line
 
 
 def _calls_stepping_function(ctx, node: cst.Call) -> bool:
@@ -174,53 +182,14 @@ def _calls_stepping_function(ctx, node: cst.Call) -> bool:
     return isinstance(func, cst.Name) and is_stepping_function(ctx, func.value)
 
 
-class _Accumulation(cst.CSTVisitor):
-    """The loops nested in a training step's loop (not in functions), and of a loop body the
-    line that calls `.backward()` (not in a deeper loop)."""
-
-    def __init__(self, nested: bool) -> None:
-        self.nested = nested
-        self.loops: list[cst.For | cst.While] = []
-        self.backward: cst.SimpleStatementLine | None = None
-        self._line: cst.SimpleStatementLine | None = None
-
-    def _enter(self, node) -> bool:
-        if self.nested:
-            self.loops.append(node)
-        return False
-
-    def visit_For(self, node) -> bool:
-        return self._enter(node)
-
-    def visit_While(self, node) -> bool:
-        return self._enter(node)
-
-    def visit_FunctionDef(self, node) -> bool:
-        return False
-
-    def visit_SimpleStatementLine(self, node) -> None:
-        self._line = node
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if (not self.nested and self.backward is None and isinstance(node.func, cst.Attribute)
-                and node.func.attr.value == "backward"):
-            self.backward = self._line
-
-
 def accumulation_backwards(ctx, loop: cst.For | cst.While) -> list[cst.SimpleStatementLine]:
     """Gradient accumulation in a training step's loop: the `.backward()` lines of its inner
     loops that neither step an optimizer nor cut the graph (nanoGPT's micro-steps)."""
-    inner = _Accumulation(nested=True)
-    loop.body.visit(inner)
     lines = []
-    for micro in inner.loops:
+    for micro in find_steps(ctx, loop).inner_loops:
         steps = find_steps(ctx, micro)
-        if steps.step_lines or steps.has_barrier:
-            continue
-        body = _Accumulation(nested=False)
-        micro.body.visit(body)
-        if body.backward is not None:
-            lines.append(body.backward)
+        if not (steps.step_lines or steps.has_barrier) and steps.backward is not None:
+            lines.append(steps.backward)
     return lines
 
 
