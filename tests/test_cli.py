@@ -292,7 +292,8 @@ def test_target_torchtpu_rewrites_for_the_tpu_device_with_the_fused_eager_mode(p
     text = (project / "pkg" / "train.py").read_text()
     assert 'device = torch.device("tpu")' in text and ".to(device)" in text
     assert "import torch_tpu\n" in text and "torch_xla" not in text
-    assert text.count("torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)") == 1
+    assert text.count("torch.tpu.eager_mode = torch.tpu.EagerMode.DEFER_AND_FUSE\n") == 1
+    assert "set_eager_mode" not in text  # a context manager: a bare call sets nothing
     again = run_cli("migrate", "--target", "torchtpu", "pkg", cwd=project, check_rc=0)
     assert "Changed 0 of 2 files" in again.stdout
 
@@ -302,7 +303,7 @@ def test_target_torchtpu_rewrites_for_the_tpu_device_with_the_fused_eager_mode(p
 def test_eager_mode_option_picks_the_eager_mode_member(tmp_path, run_cli, mode, member):
     (tmp_path / "t.py").write_text(CUDA_SCRIPT)
     run_cli("migrate", "--target", "torchtpu", "--eager-mode", mode, "t.py", cwd=tmp_path, check_rc=0)
-    assert f"torch.tpu.set_eager_mode(torch.tpu.EagerMode.{member})\n" in (tmp_path / "t.py").read_text()
+    assert f"torch.tpu.eager_mode = torch.tpu.EagerMode.{member}\n" in (tmp_path / "t.py").read_text()
 
 
 def test_eager_mode_without_the_torchtpu_target_is_a_usage_error(tmp_path, run_cli):
@@ -339,7 +340,7 @@ def test_rules_page_shows_both_targets_side_by_side(run_cli):
     page = run_cli("rules", "TPU112", check_rc=0).stdout
     header = next(line for line in page.splitlines() if "xla" in line and "torchtpu" in line)
     assert header.index("xla") < header.index("torchtpu")
-    assert "torch.tpu.synchronize()" in page and "torch_xla.sync()" in page
+    assert "torch.accelerator.synchronize()" in page and "torch_xla.sync()" in page
     skipped = run_cli("rules", "TPU303", check_rc=0).stdout
     assert "nothing to do on this target" in skipped
     data = json.loads(run_cli("rules", "TPU301", "--format", "json", check_rc=0).stdout)

@@ -463,16 +463,25 @@ def test_eager_mode_is_set_once_right_after_the_imports():
     source = 'import os\nimport torch as th\n\n# the model\nmodel = Net().cuda()\n'
     new = migrate_source(source, "t.py", torchtpu("strict")).new_source
     assert new == ('import os\nimport torch as th\nimport torch_tpu\n\n'
-                   'th.tpu.set_eager_mode(th.tpu.EagerMode.DEFER_NEVER)\n\n'
+                   'th.tpu.eager_mode = th.tpu.EagerMode.DEFER_NEVER\n\n'
                    '# the model\nmodel = Net().to("tpu")\n')
     assert migrate_source(new, "t.py", torchtpu("strict")).new_source == new
 
 
 def test_eager_mode_is_not_set_twice_even_with_another_mode():
+    source = ('import torch\nimport torch_tpu\n\ntorch.tpu.eager_mode = torch.tpu.EagerMode.DEFER_NEVER\n'
+              'x = torch.zeros(2).cuda()\n')
+    new = migrate_source(source, "t.py", torchtpu("fused")).new_source
+    assert new.count("eager_mode") == 1 and '.to("tpu")' in new
+
+
+def test_a_bare_set_eager_mode_call_becomes_the_property_and_no_second_mode_is_set():
+    # set_eager_mode is a context manager (torch-tpu 0.2.0): as a statement it set nothing.
     source = ('import torch\nimport torch_tpu\n\ntorch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)\n'
               'x = torch.zeros(2).cuda()\n')
     new = migrate_source(source, "t.py", torchtpu("fused")).new_source
-    assert new.count("set_eager_mode") == 1 and '.to("tpu")' in new
+    assert "torch.tpu.eager_mode = torch.tpu.EagerMode.DEFER_NEVER\n" in new
+    assert "set_eager_mode" not in new and "DEFER_AND_FUSE" not in new
 
 
 def test_eager_mode_needs_a_file_that_uses_the_tpu():
@@ -484,7 +493,7 @@ def test_eager_mode_needs_a_file_that_uses_the_tpu():
 def test_eager_mode_brings_torch_when_the_file_has_only_a_device_string():
     new = migrate_source("device = 'cuda'\n", "t.py", torchtpu()).new_source
     assert new.startswith(("import torch_tpu\nimport torch\n", "import torch\nimport torch_tpu\n"))
-    assert "torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)\n" in new
+    assert "torch.tpu.eager_mode = torch.tpu.EagerMode.DEFER_AND_FUSE\n" in new
     assert new.rstrip().endswith("device = 'tpu'")
     ast.parse(new)
 

@@ -4,6 +4,7 @@ module recording the eager mode) and a stand-in chip list."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -76,17 +77,25 @@ def test_unavailable_names_what_is_missing(monkeypatch):
 
 @pytest.fixture
 def fake_torch_tpu(monkeypatch):
-    """torch_tpu and torch.tpu stand-ins: EagerMode members and a set_eager_mode recorder."""
+    """torch_tpu and torch.tpu stand-ins: EagerMode members, the `eager_mode` property (its
+    starting value is torch-tpu 0.2.0's, strict) and a set_eager_mode context manager that, as
+    in the wheel, sets nothing unless entered."""
     torch = pytest.importorskip("torch")
-    calls = []
+
+    @contextlib.contextmanager
+    def set_eager_mode(mode):
+        before, tpu.eager_mode = tpu.eager_mode, mode
+        yield
+        tpu.eager_mode = before
+
     tpu = types.SimpleNamespace(
         EagerMode=types.SimpleNamespace(DEFER_NEVER_AND_LAUNCH_BLOCKING="debug-member",
                                         DEFER_NEVER="strict-member", DEFER_AND_FUSE="fused-member"),
-        set_eager_mode=calls.append)
+        eager_mode="strict-member", set_eager_mode=set_eager_mode)
     monkeypatch.setattr(torch, "tpu", tpu, raising=False)
     monkeypatch.setitem(sys.modules, "torch_tpu", types.ModuleType("torch_tpu"))
     monkeypatch.setattr(torchtpu.importlib.util, "find_spec", lambda name: object())
-    return calls
+    return tpu
 
 
 @pytest.mark.parametrize("mode, member", [(None, "fused-member"), ("strict", "strict-member"),
@@ -95,11 +104,11 @@ def test_with_torch_tpu_and_a_tpu_the_script_runs_in_the_eager_mode(fake_torch_t
                                                                       mode, member):
     script = tmp_path / "train.py"
     seen = tmp_path / "seen.txt"
-    # the script records the eager-mode calls made before it started
+    # the script records the eager mode it started in
     script.write_text("import sys, torch\n"
-                      "open(sys.argv[1], 'w').write(repr(torch.tpu.set_eager_mode.__self__))\n")
+                      "open(sys.argv[1], 'w').write(repr(torch.tpu.eager_mode))\n")
     request = RunRequest(script=str(script), args=[str(seen)], target="torchtpu", eager_mode=mode)
     summary, outcome = torchtpu.run_torchtpu(request, chips=["/dev/accel0"])
-    assert seen.read_text() == repr([member]) and fake_torch_tpu == [member]
+    assert seen.read_text() == repr(member) and fake_torch_tpu.eager_mode == member
     assert outcome.kind == "ok" and summary["target"] == "torchtpu"
     assert summary["eager_mode"] == (mode or "fused") and summary["device"] == "tpu"

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, ROOT
+from torchtpu_outputs import INTERNAL, internal_names, uses_of
+from torchtpu_outputs import outputs as outputs_now
 from tpukit.rules import load_rules
 
 VENDORED = ROOT / "tests" / "data" / "torchtpu-API.txt"
@@ -193,3 +195,45 @@ def test_torch_tpu_names_tpukit_renames_to_are_public():
     api = load_api()
     table = load_rules()["TPU117"].target("torchtpu")
     assert [n for n in table["exported"] if f"{table['rename']}.{n}" not in api.names] == []
+
+
+# -- TorchTPU's internal device API (tests/data/torchtpu-INTERNAL.txt, read off the wheel) ----
+INTRODUCED = [pytest.param(uses, id=name) for name, _source, uses in outputs_now()]
+
+
+@pytest.mark.parametrize("uses", INTRODUCED)
+def test_torchtpu_output_introduces_no_internal_torch_tpu_name(uses):
+    # torch-tpu 0.2.0 raises "... is internal to TorchTPU" when user code calls these.
+    internal = internal_names()
+    assert [c for c in sorted(uses.chains)
+            if any(c == name or c.startswith(name + ".") for name in internal)] == []
+
+
+@pytest.mark.parametrize("uses", INTRODUCED)
+def test_torchtpu_output_sets_the_eager_mode_through_the_property(uses):
+    # torch.tpu.set_eager_mode is a context manager: as a statement of its own it sets nothing.
+    assert [c.code for c in uses.calls if c.statement and c.func == "torch.tpu.set_eager_mode"] == []
+
+
+def test_internal_names_name_a_torch_accelerator_replacement():
+    internal = internal_names()
+    assert len(internal) >= 10 and "torch.tpu.synchronize" in internal
+    assert all(preferred.startswith("torch.accelerator.") for preferred in internal.values())
+
+
+def test_internal_check_catches_what_it_is_there_to_catch():
+    source = ("import torch as th\nfrom torch.tpu import synchronize\nth.tpu.device_count()\n"
+              "th.tpu.set_eager_mode(th.tpu.EagerMode.DEFER_NEVER)\nth.tpu.device_of(x)\n")
+    uses = uses_of(source)
+    internal = internal_names()
+    assert sorted(c for c in uses.chains if c in internal) == [
+        "torch.tpu.device_count", "torch.tpu.synchronize"]
+    assert sorted(c.func for c in uses.calls if c.statement) == [
+        "torch.tpu.device_count", "torch.tpu.device_of", "torch.tpu.set_eager_mode"]
+
+
+def test_vendored_internal_list_matches_the_shared_one():
+    shared = SHARED.with_name("INTERNAL.txt")
+    if not shared.is_file():
+        pytest.skip(f"{shared} is absent (a clean clone): the vendored copy is used alone")
+    assert INTERNAL.read_text() == shared.read_text(), "refresh tests/data/torchtpu-INTERNAL.txt"

@@ -358,8 +358,9 @@ class MigrationContext:
 
     def _needs(self, template: str) -> str:
         """Note the imports a template needs; `torch.` is written as this file names torch."""
-        if self.target == "torchtpu" and "tpu" in template:
-            self.imports_needed.add("torch_tpu")  # registers the "tpu" device and torch.tpu
+        if self.target == "torchtpu" and ("tpu" in template or "accelerator" in template):
+            # registers the "tpu" device, torch.tpu and the backend torch.accelerator reaches
+            self.imports_needed.add("torch_tpu")
         if _TORCH_PREFIX.search(template):
             name = self.torch_name()
             if name != "torch":

@@ -42,7 +42,7 @@ class MigrateOptions:
     rules: list[Rule]
     target: str = "xla"
     unsafe_fixes: bool = False
-    # torchtpu: the `--eager-mode` name set at start-up (None: no set_eager_mode call).
+    # torchtpu: the `--eager-mode` name set at start-up (None: the mode is not set).
     eager_mode: str | None = None
     # False: only decide whether anything changes (check mode): skips the import fix-up.
     render_source: bool = True
@@ -95,7 +95,7 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
         return Migration(source, source, findings, changed=True)
     new_module = _fix_imports(new_module, ctx)
     new_module = helpers.insert(new_module, ctx.helpers_needed)
-    if options.eager_mode is not None and "set_eager_mode" not in source:
+    if options.eager_mode is not None and "eager_mode" not in source:
         new_module = _set_eager_mode(new_module, ctx, options.eager_mode)
     new_source = new_module.code
     _check_still_python(source, new_source, path)
@@ -104,7 +104,9 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
 
 def _set_eager_mode(module: cst.Module, ctx: MigrationContext, mode: str) -> cst.Module:
     """TorchTPU's eager mode (`--eager-mode`), set once right after the imports of a file that
-    the rewrite made import torch_tpu: before the first op on the device."""
+    the rewrite made import torch_tpu: before the first op on the device. Through the property
+    (`torch.tpu.eager_mode = ...`): `torch.tpu.set_eager_mode(mode)` is a context manager, and
+    called as a statement it sets nothing."""
     if not helpers.imports_module(module, "torch_tpu"):
         return module
     torch = next((name for name, full in ctx.aliases.items() if full == "torch"), None)
@@ -114,7 +116,7 @@ def _set_eager_mode(module: cst.Module, ctx: MigrationContext, mode: str) -> cst
         module, torch = AddImportsVisitor(context).transform_module(module), "torch"
     member = EAGER_MODES[mode]
     return helpers.insert_statement(
-        module, f"{torch}.tpu.set_eager_mode({torch}.tpu.EagerMode.{member})")
+        module, f"{torch}.tpu.eager_mode = {torch}.tpu.EagerMode.{member}")
 
 
 class MigrationBug(Exception):
@@ -413,7 +415,7 @@ class _NameUses(cst.CSTVisitor):
         self.names: dict[str, int] = {}
         self.dotted: dict[str, int] = {}
         self.device_strings: set[str] = set()  # "xla", "tpu", "tpu_dist" literals
-        self.torch_tpu = False  # some `torch.tpu.*` (or `th.tpu.*`) is used
+        self.torch_tpu = False  # some `torch.tpu.*` or `torch.accelerator.*` (`th.` too) is used
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         if len(node.value) <= 13 and ("xla" in node.value or "tpu" in node.value):
@@ -434,7 +436,7 @@ class _NameUses(cst.CSTVisitor):
         path = dotted(node)
         if path:
             self.dotted[path] = self.dotted.get(path, 0) + 1
-            self.torch_tpu = self.torch_tpu or path.split(".")[1:2] == ["tpu"]
+            self.torch_tpu = self.torch_tpu or path.split(".")[1:2] in (["tpu"], ["accelerator"])
         node.value.visit(self)  # `x.autocast`: the attribute name is not a use of `autocast`
         return False
 

@@ -29,9 +29,20 @@ def _xla_launch_process_count():
         return tpu.num_local_processes()
     return 1  # torch_xla.launch starts one process on other devices (XLA:CPU included)
 ''',
+    "_tpu_launch_process_count": '''
+def _tpu_launch_process_count():
+    """torch.cuda.device_count() next to mp.spawn on TorchTPU (inserted by tpukit): the TPU
+    chips on this host, counted on the PCI bus as torch.tpu.distributed.set_tpu_launch_env
+    counts them, without opening them (the launching process must not hold the chips its
+    ranks open; torch.tpu.device_count is internal to TorchTPU and raises from user code)."""
+    from torch_tpu._internal.utils import hardware  # what set_tpu_launch_env asks (0.2.0)
+
+    return hardware.get_tpu_device_count()
+''',
 }
 IMPORTS_OF: dict[str, tuple[str, ...]] = {"_xla_memory_stat": ("xm", "torch_xla"),
-                                          "_xla_launch_process_count": ("xr",)}
+                                          "_xla_launch_process_count": ("xr",),
+                                          "_tpu_launch_process_count": ()}
 
 
 def _defined(module: cst.Module) -> set[str]:

@@ -72,10 +72,12 @@ def unavailable(chips: list[str] | None = None) -> str | None:
 
 
 def set_eager_mode(mode: str) -> None:
+    """Sets the process's eager mode through the property: `torch.tpu.set_eager_mode(m)` is a
+    context manager (checked against torch-tpu 0.2.0), and a bare call sets nothing."""
     import torch
     import torch_tpu  # noqa: F401  (registers the "tpu" device and torch.tpu)
 
-    torch.tpu.set_eager_mode(getattr(torch.tpu.EagerMode, EAGER_MODES[mode]))
+    torch.tpu.eager_mode = getattr(torch.tpu.EagerMode, EAGER_MODES[mode])
 
 
 def run_torchtpu(request, chips: list[str] | None = None) -> tuple[dict, object]:

@@ -7,6 +7,8 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
   remove      the call, as a statement of its own, is removed; the text is the comment left
   helper      a function from tpukit.migrate.helpers that `replace` uses
   instead     no rewrite: what to do instead (the finding's message)
+  value_ok    a `statements`/`remove` entry whose call, used as a value, is right as it is
+              (`with torch.tpu.set_eager_mode(m):` is the context manager's own use)
   when        a regular expression the call's source must match for the entry to apply
   before_launch  the `replace` template to use instead in a launcher's scope (the function or
               top level that calls mp.spawn / torch_xla.launch), where the XLA runtime must
@@ -77,6 +79,8 @@ class CallMap(Transform):
         if entry is None:
             return None
         if "replace" not in entry:
+            if entry.get("value_ok"):
+                return None
             text = entry.get("instead")
             if text is None:  # statement-only entry used as a value
                 text = self.say("value", "has no XLA equivalent as a value; ") + (

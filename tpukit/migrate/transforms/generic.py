@@ -1,7 +1,9 @@
 """Any `torch.cuda.*` name no other rule spoke for: it will fail or do nothing on TPU.
 
 A target whose module mirrors torch.cuda (TorchTPU's `torch.tpu`) names it in its rule table
-(`rename`, `exported`): a name it exports is renamed, any other is a finding.
+(`rename`, `exported`): a name it exports is renamed, any other is a finding. `moved` maps the
+names the target exports but keeps from user code (TorchTPU's internal device API) to the
+call to use instead; `internal` says why a name with no such call is a finding.
 """
 
 from __future__ import annotations
@@ -35,13 +37,19 @@ class UnmappedCudaApi(Transform):
 
     def _rename(self, node: cst.Attribute, name: str):
         rest = name[len("torch.cuda."):]
-        if "rename" not in self.mapping or rest.split(".")[0] not in self.mapping["exported"]:
-            self._report(node, name)
+        head = rest.split(".")[0]
+        moved = self.mapping.get("moved", {})
+        if head in moved:
+            new = moved[head] + rest[len(head):]
+            why = (f"`{self.mapping['rename']}.{head}` is internal to TorchTPU (it raises from "
+                   f"user code); `{moved[head]}` is the call it names instead")
+        elif "rename" in self.mapping and head in self.mapping["exported"]:
+            new = f"{self.mapping['rename']}.{rest}"
+            why = "TorchTPU's torch.tpu exports the same name"
+        else:
+            self._report(node, name, self.mapping.get("internal", {}).get(head))
             return None
-        new = f"{self.mapping['rename']}.{rest}"
-        return self.fix_or_report(
-            node, f"`{name}` -> `{new}`: TorchTPU's torch.tpu exports the same name",
-            lambda: self.ctx.expr(new))
+        return self.fix_or_report(node, f"`{name}` -> `{new}`: {why}", lambda: self.ctx.expr(new))
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         # `from torch.cuda import Stream` then `Stream()`: a bare name. Checked on leave, when
@@ -52,7 +60,7 @@ class UnmappedCudaApi(Transform):
                 self._report(original, name)
         return None
 
-    def _report(self, node: cst.CSTNode, name: str) -> None:
-        message = self.rule.message_for(self.ctx.target)
+    def _report(self, node: cst.CSTNode, name: str, message: str | None = None) -> None:
+        message = message or self.rule.message_for(self.ctx.target)
         self.ctx.report(self.rule, node, f"`{name}` has no automatic TPU mapping: {message}", False,
                         fix=FixKind.NONE)
