@@ -24,7 +24,11 @@ from tpukit.doctor.checks import (
     check_python,
     check_smoke_test,
     check_torchtpu,
+    check_torchtpu_env,
 )
+from tpukit.config import Config
+from tpukit.doctor.command import DoctorRequest, run_doctor
+from tpukit.render import Format
 from tpukit.findings import Severity
 
 
@@ -226,6 +230,70 @@ def test_unrelated_torch_tpu_module(site, tmp_path):
     fake_dist(site, "torch-tpu-utils", "1.0", ["torch_tpu/__init__.py"])
     (finding,) = check_torchtpu(context(site, tmp_path)).findings
     assert "torch-tpu-utils 1.0, not Google's TorchTPU" in finding.message
+
+
+def google_torchtpu(site: Path, torch: str = "2.13.0+cpu", libtpu: str | None = "0.0.52") -> None:
+    package = site / "torch_tpu"
+    (package / "_internal").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "_internal" / "public_api.py").write_text("_PUBLIC_MODULES = {}\n")
+    fake_dist(site, "torch-tpu", "0.2.0", ["torch_tpu/__init__.py"])
+    fake_dist(site, "torch", torch)
+    if libtpu:
+        fake_dist(site, "libtpu", libtpu)
+
+
+def test_a_good_torchtpu_install_passes_and_names_libtpu(site, tmp_path):
+    google_torchtpu(site)
+    result = check_torchtpu(context(site, tmp_path))
+    assert result.status == "ok" and result.detail.endswith("libtpu 0.0.52")
+    assert result.facts == {"torchtpu": "0.2.0"}
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({}, []),
+    ({"TORCH_TPU_TOPOLOGY": "2,2,1"}, []),
+    ({"TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS": "1"}, ["TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS=1 lets code"]),
+    ({"TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS": "0"}, []),
+    ({"TORCH_TPU_LAUNCH_BLOCKING": "1"}, ["unset it outside a debugging session"]),
+    ({"TORCH_TPU_INTERNAL_XLA_OPTIONS": "x"}, ["one of TorchTPU's internal knobs"]),
+    ({"TORCH_TPU_DEFER_AND_FUZE": "1"}, ["reads no such variable (a typo?)"]),
+])
+def test_torch_tpu_variables_are_named_and_the_risky_ones_flagged(env, expected, site, tmp_path):
+    result = check_torchtpu_env(context(site, tmp_path, env=env))
+    assert [m for m in expected if not any(m in f.message for f in result.findings)] == []
+    assert len(result.findings) == len(expected)
+    assert result.status == ("skip" if not env else "warn" if expected else "ok")
+    for name in env:
+        assert name in result.detail
+
+
+def _doctor(site, tmp_path, code: str, target: str | None = None) -> DoctorRequest:
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    (project / "train.py").write_text(code)
+    request = DoctorRequest(paths=[project], config=Config(), fmt=Format.JSON, target=target,
+                            context=context(site, tmp_path, probe={}, smoke=False))
+    return request
+
+
+def test_on_a_torchtpu_host_the_code_scan_flags_torch_tpu_internal_calls(site, tmp_path, capsys):
+    google_torchtpu(site)
+    request = _doctor(site, tmp_path, "import torch\nimport torch_tpu\ntorch.tpu.synchronize()\n")
+    code = run_doctor(request)
+    report = json.loads(capsys.readouterr().out)
+    assert report["summary"]["code"]["target"] == "torchtpu" and code == 1
+    (internal,) = [f for f in report["findings"] if f["code"] == "TPU119"]
+    assert "torch.accelerator.synchronize()" in internal["message"]
+    assert internal["line"] == 3
+
+
+def test_without_torchtpu_the_code_scan_keeps_the_project_target(site, tmp_path, capsys):
+    request = _doctor(site, tmp_path, "import torch\nimport torch_tpu\ntorch.tpu.synchronize()\n")
+    run_doctor(request)
+    report = json.loads(capsys.readouterr().out)
+    assert report["summary"]["code"]["target"] == "xla"
+    assert not [f for f in report["findings"] if f["code"] == "TPU119"]
 
 
 # -- the command ------------------------------------------------------------------------------

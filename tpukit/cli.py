@@ -149,6 +149,9 @@ def doctor(
     select: Optional[List[str]] = typer.Option(None, "--select", help="Code rules to run."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Code rules to skip."),
     jobs: int = typer.Option(0, "-j", "--jobs", min=0, help="Worker processes for the code scan."),
+    scan_target: Optional[str] = typer.Option(
+        None, "--target", help="xla or torchtpu: the code scan's target (default: torchtpu on a "
+                               "host with TorchTPU and no torch_xla, else [tool.tpukit] target)."),
 ) -> None:
     """Pre-flight check for CI and a fresh TPU VM: environment, device, leftover CUDA code."""
     from tpukit.doctor.checks import DoctorContext
@@ -160,10 +163,13 @@ def doctor(
         config = load_config(targets[0])
     except ConfigError as exc:
         fail(str(exc))
+    if scan_target is not None and scan_target not in TARGETS:
+        fail(f"unknown target {scan_target!r}: choose {' or '.join(TARGETS)}")
     context = DoctorContext(probe_timeout=timeout, smoke=not no_smoke, require_tpu=require_tpu)
     request = DoctorRequest(
         paths=targets, config=config, context=context, fmt=fmt, strict=strict,
         code=not no_code, jobs=jobs, select=_codes(select), ignore=_codes(ignore),
+        target=scan_target,
     )
     try:
         code = run_doctor(request)

@@ -41,6 +41,29 @@ DEBUG_ENV = (
     "XLA_SAVE_TENSORS_FILE", "XLA_METRICS_FILE", "XLA_DUMP_HLO_GRAPH",
 )
 MULTIHOST_ENV = ("TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE")
+# The TORCH_TPU_* variables torch-tpu 0.2.0 reads (the strings of its Python files and shared
+# libraries: `strings -n 8 *.so | grep -oE "TORCH_TPU_[A-Z0-9_]+"`), less TORCH_TPU_INTERNAL_*,
+# which are its developers' knobs. What each does, where the wheel says.
+TORCHTPU_ENV = {
+    "TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS": "makes torch.tpu's internal device API (is_available, "
+    "device_count, synchronize, ...) warn instead of raise",
+    "TORCH_TPU_TOPOLOGY": "the slice topology (set by torch.tpu.distributed.set_tpu_launch_env)",
+    "TORCH_TPU_SLICEBUILDER_ADDRESSES": "the hosts' addresses (set by set_tpu_launch_env)",
+    "TORCH_TPU_XPROF_SESSION_ID": "the profile session of a launch (set by set_tpu_launch_env)",
+    "TORCH_TPU_DEVICES_PER_HOST": "ranks per host on a multi-host slice (default 8)",
+    "TORCH_TPU_BASE_PORT": "the first port of the hosts' addresses",
+    "TORCH_TPU_LOCAL_DEVICE_COORDS": "this host's chip coordinates",
+    "TORCH_TPU_DEFER_AND_FUSE": "the fused eager mode",
+    "TORCH_TPU_LAUNCH_BLOCKING": "waits for each op (the debug eager mode): slow",
+    "TORCH_TPU_ENABLE_DEBUG_CHECKS": "extra checks at run time: slow",
+    "TORCH_TPU_PROFILER_OUTPUT_DIR": "where TPU profiles are written",
+    "TORCH_TPU_TIER2_COMPILATION_CACHE": "the compilation cache",
+    "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": "the persistent compilation cache's folder",
+    "TORCH_TPU_SPMD_HANDSHAKE_STAGE": "SPMD start-up",
+    "TORCH_TPU_IS_OPTIMIZED_BUILD": "the build's own flag",
+}
+# Slow-down switches: left on outside a debugging session, every step pays for them.
+TORCHTPU_DEBUG_ENV = ("TORCH_TPU_LAUNCH_BLOCKING", "TORCH_TPU_ENABLE_DEBUG_CHECKS")
 ACCELERATOR_TYPE = re.compile(r"^v\d+[a-z]*(pod)?-\d+$")
 
 
@@ -103,6 +126,7 @@ class CheckResult:
     detail: str
     findings: list[Finding] = field(default_factory=list)
     skipped: bool = False
+    facts: dict = field(default_factory=dict)  # what a later step reads (the TorchTPU version)
 
     @property
     def status(self) -> str:
@@ -327,13 +351,36 @@ def check_torchtpu(ctx: DoctorContext) -> CheckResult:
             "TPU008", f"the `torch_tpu` module at {folder} comes from {name}, not Google's TorchTPU "
             "(PyPI torch-tpu, which registers torch.tpu); uninstall it if you meant TorchTPU")])
     version = owner[1] if owner else "?"
-    result = CheckResult("torch_tpu", f"Google's TorchTPU {version} (registers the 'tpu' device and torch.tpu)")
+    libtpu = ctx.dist_version("libtpu", "libtpu-nightly")
+    result = CheckResult("torch_tpu", f"Google's TorchTPU {version} (registers the 'tpu' device "
+                                      f"and torch.tpu), libtpu {libtpu or 'none'}",
+                         facts={"torchtpu": version})
     torch = ctx.dist_version("torch")
     if torch and not ((2, 11) <= tuple(int(x) for x in _base(torch).split(".")[:2]) <= (2, 15)):
         result.findings.append(finding("TPU008", f"TorchTPU {version} needs torch 2.11-2.15, but torch {torch} is installed (torch_xla {XLA_RELEASE} needs torch {XLA_RELEASE}): keep them in separate virtual environments"))
-    libtpu = ctx.dist_version("libtpu", "libtpu-nightly")
     if libtpu is None or _version_tuple(libtpu) < (0, 0, 50):
         result.findings.append(finding("TPU008", f"TorchTPU needs libtpu >= 0.0.50 (installed: {libtpu or 'none'})"))
+    return result
+
+
+def check_torchtpu_env(ctx: DoctorContext) -> CheckResult:
+    """The TORCH_TPU_* variables set: each named with what it does; a legacy-API switch, a
+    debugging switch, an internal knob or a name torch-tpu 0.2.0 never reads is a finding."""
+    present = {k: v for k, v in ctx.env.items() if k.startswith("TORCH_TPU_")}
+    if not present:
+        return CheckResult("TORCH_TPU_* variables", "none set", skipped=True)
+    result = CheckResult("TORCH_TPU_* variables", "; ".join(
+        f"{k}={v} ({TORCHTPU_ENV.get(k, 'internal' if k.startswith('TORCH_TPU_INTERNAL_') else 'unknown')})"
+        for k, v in sorted(present.items())))
+    for name, value in sorted(present.items()):
+        if name == "TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS" and value not in ("", "0"):
+            result.findings.append(finding("TPU008", f"{name}={value} lets code call torch.tpu's internal device API (torch.tpu.synchronize() and friends), which raises without it: `tpukit migrate --target torchtpu` rewrites those calls to torch.accelerator (TPU119); then unset it"))
+        elif name in TORCHTPU_DEBUG_ENV and value not in ("", "0"):
+            result.findings.append(finding("TPU008", f"{name}={value} {TORCHTPU_ENV[name]}: unset it outside a debugging session"))
+        elif name.startswith("TORCH_TPU_INTERNAL_"):
+            result.findings.append(finding("TPU008", f"{name}={value} is one of TorchTPU's internal knobs: its effect can change in any release; unset it unless TorchTPU's developers asked for it"))
+        elif name not in TORCHTPU_ENV:
+            result.findings.append(finding("TPU008", f"{name}={value}: torch-tpu 0.2.0 reads no such variable (a typo?)"))
     return result
 
 
@@ -350,4 +397,5 @@ CHECKS: list[Callable[[DoctorContext], CheckResult]] = [
     check_compile_cache,
     check_multihost,
     check_torchtpu,
+    check_torchtpu_env,
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -29,14 +29,27 @@ class DoctorRequest:
     jobs: int = 0
     select: list[str] = field(default_factory=list)
     ignore: list[str] = field(default_factory=list)
+    target: str | None = None  # the code scan's target (None: see scan_target)
 
 
-def scan_code(request: DoctorRequest) -> tuple[list[Finding], list, int]:
+def scan_target(request: DoctorRequest, checks: list[CheckResult]) -> str:
+    """`--target`, else torchtpu on a host with Google's TorchTPU and no torch_xla (its code
+    must call torch.accelerator, not torch.tpu's internal device API: TPU119), else the
+    project's [tool.tpukit] target."""
+    if request.target is not None:
+        return request.target
+    torchtpu = any("torchtpu" in c.facts for c in checks)
+    if torchtpu and request.context.dist_version("torch-xla") is None:
+        return "torchtpu"
+    return request.config.target
+
+
+def scan_code(request: DoctorRequest, target: str) -> tuple[list[Finding], list, int]:
     """The migrate rules in check mode: leftover CUDA idioms and hazards, at path:line:col."""
     from tpukit.migrate.command import MigrateRequest, build_jobs
 
     migrate = MigrateRequest(
-        paths=request.paths, config=request.config, mode=Mode.CHECK,
+        paths=request.paths, config=replace(request.config, target=target), mode=Mode.CHECK,
         select=request.select, ignore=request.ignore,
     )
     jobs = build_jobs(migrate)
@@ -62,13 +75,15 @@ def _table(checks: list[CheckResult], code_row: tuple[str, str] | None, out) -> 
 def run_doctor(request: DoctorRequest) -> int:
     checks = [check(request.context) for check in CHECKS]
     env_findings = [f for c in checks for f in c.findings]
-    code_findings, errors, files = scan_code(request) if request.code else ([], [], 0)
+    target = scan_target(request, checks)
+    code_findings, errors, files = scan_code(request, target) if request.code else ([], [], 0)
     code_row = None
     if request.code:
         manual = sum(f.needs_person for f in code_findings)
         worst = {f.severity for f in code_findings if f.needs_person or f.applied}
         status = "fail" if errors or Severity.ERROR in worst else "warn" if code_findings else "ok"
-        code_row = (status, f"{files} Python file(s): {len(code_findings)} finding(s), "
+        code_row = (status, f"{files} Python file(s), target {target}: "
+                            f"{len(code_findings)} finding(s), "
                             f"{sum(f.applied for f in code_findings)} fixable by `tpukit migrate`, "
                             f"{manual} need a person")
     findings = env_findings + code_findings
@@ -81,7 +96,8 @@ def run_doctor(request: DoctorRequest) -> int:
         "checks": [
             {"name": c.name, "status": c.status, "detail": c.detail} for c in checks
         ],
-        "code": {"files": files, "findings": len(code_findings), "errors": len(errors)},
+        "code": {"files": files, "findings": len(code_findings), "errors": len(errors),
+                 "target": target},
     }
     line = (f"doctor: {verdict}: {sum(c.status == 'fail' for c in checks)} environment check(s) "
             f"failed, {sum(c.status == 'warn' for c in checks)} warned; "

@@ -17,10 +17,15 @@ _NPROC = re.compile(r"--nproc[_-]per[_-]node[= ](\S+)")
 
 def _advice(tool: str, per_node: str, target: str) -> str:
     if target == "torchtpu":
-        return (f"`{tool}` starts one process per GPU{per_node}: TorchTPU keeps torchrun, with one "
-                "process per chip, once TorchTPU's launch environment (the TORCH_TPU_* variables) "
-                "is exported: `torch.tpu.distributed.set_tpu_launch_env(nproc_per_node=N)` in a "
-                "Python parent, then torchrun")
+        # The recipe torch-tpu 0.2.0 ships: its distributed module, run as a script, calls
+        # set_tpu_launch_env() and prints the variables as shell assignments (WORLD_SIZE is the
+        # chips on this host, counted on the PCI bus, and NODE_RANK is always printed).
+        return (f"`{tool}` starts one process per GPU{per_node}: TorchTPU keeps {tool}, one "
+                "process per chip, once its launch environment (the TORCH_TPU_* variables) is "
+                "exported: `eval \"$(python -m torch_tpu._internal.distributed.distributed)\"` "
+                "sets TORCH_TPU_TOPOLOGY, WORLD_SIZE (the chips on this host) and NODE_RANK, then "
+                f"`{tool} --nproc_per_node=$WORLD_SIZE --node_rank=$NODE_RANK ...`; from Python, "
+                "`torch.tpu.distributed.set_tpu_launch_env()` in the parent does the same")
     return (f"`{tool}` starts one process per GPU{per_node}: on a TPU VM run the "
             "script with plain `python` after `tpukit migrate` (torch_xla.launch starts one "
             "process per TPU chip), or keep torchrun with `PJRT_DEVICE=TPU` and "
