@@ -484,6 +484,13 @@ def test_a_bare_set_eager_mode_call_becomes_the_property_and_no_second_mode_is_s
     assert "set_eager_mode" not in new and "DEFER_AND_FUSE" not in new
 
 
+def test_a_name_or_comparison_that_says_eager_mode_does_not_stop_the_start_up_setting():
+    source = ('import torch\n# eager_mode: see the docs\nif args.eager_mode == "x":\n    pass\n'
+              'x = torch.zeros(2).cuda()\n')
+    new = migrate_source(source, "t.py", torchtpu("fused")).new_source
+    assert new.count("torch.tpu.eager_mode = torch.tpu.EagerMode.DEFER_AND_FUSE\n") == 1
+
+
 def test_eager_mode_needs_a_file_that_uses_the_tpu():
     source = "import torch\ntorch.backends.cudnn.benchmark = True\n"
     new = migrate_source(source, "t.py", torchtpu()).new_source

@@ -8,6 +8,7 @@ left unused are removed; everything outside changed nodes stays byte-identical.
 from __future__ import annotations
 
 import ast
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -95,11 +96,15 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
         return Migration(source, source, findings, changed=True)
     new_module = _fix_imports(new_module, ctx)
     new_module = helpers.insert(new_module, ctx.helpers_needed)
-    if options.eager_mode is not None and "eager_mode" not in source:
+    if options.eager_mode is not None and not _SETS_EAGER_MODE.search(source):
         new_module = _set_eager_mode(new_module, ctx, options.eager_mode)
     new_source = new_module.code
     _check_still_python(source, new_source, path)
     return Migration(source, new_source, findings, changed=new_source != source)
+
+
+# The file sets (`torch.tpu.eager_mode = ...`) or enters (`set_eager_mode(...)`) a mode already.
+_SETS_EAGER_MODE = re.compile(r"\beager_mode\s*=(?!=)|\bset_eager_mode\s*\(")
 
 
 def _set_eager_mode(module: cst.Module, ctx: MigrationContext, mode: str) -> cst.Module:
