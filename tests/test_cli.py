@@ -351,3 +351,35 @@ def test_shell_launch_advice_follows_the_target(tmp_path, run_cli):
     (tmp_path / "launch.sh").write_text("torchrun --nproc_per_node=8 train.py\n")
     proc = run_cli("migrate", "--check", "--target", "torchtpu", ".", cwd=tmp_path, check_rc=1)
     assert "set_tpu_launch_env" in proc.stdout and "torch_xla.launch" not in proc.stdout
+
+
+# -- tpukit report: a saved JSON report shown again -------------------------------------------
+def test_report_renders_a_saved_migrate_report_in_every_format(tmp_path, run_cli):
+    (tmp_path / "t.py").write_text("import torch\nx = torch.zeros(2).cuda()\n")
+    saved = tmp_path / "m.json"
+    saved.write_text(run_cli("migrate", "--check", "--format", "json", "t.py", cwd=tmp_path).stdout)
+    original = json.loads(saved.read_text())
+    again = json.loads(run_cli("report", saved, "--format", "json", check_rc=0).stdout)
+    assert again["findings"] == original["findings"] and again["command"] == "migrate"
+    text = run_cli("report", saved, cwd=tmp_path, check_rc=0).stdout
+    assert "t.py:2:" in text and "TPU102" in text
+    sarif = json.loads(run_cli("report", saved, "--format", "sarif", check_rc=0).stdout)
+    assert sarif["runs"][0]["results"][0]["ruleId"] == "TPU102"
+
+
+@pytest.mark.parametrize("content,says", [
+    ("{not json", "m.json:1:2: not a JSON report"),
+    ('{"a": 1}', "not a tpukit report"),
+    ('{"tool": {"name": "tpukit"}, "schema_version": 9, "findings": []}', "schema_version 9"),
+    ('{"tool": {"name": "tpukit"}, "schema_version": 1, "findings": [{"code": "X"}]}',
+     "a finding or error is malformed"),
+])
+def test_report_of_a_bad_file_is_one_line_and_exit_2(tmp_path, run_cli, content, says):
+    (tmp_path / "m.json").write_text(content)
+    proc = run_cli("report", tmp_path / "m.json", check_rc=2)
+    assert proc.stderr.count("\n") == 1 and says in proc.stderr and proc.stdout == ""
+
+
+def test_report_of_a_missing_file_is_one_line_and_exit_2(tmp_path, run_cli):
+    proc = run_cli("report", tmp_path / "none.json", check_rc=2)
+    assert proc.stderr.strip() == f"tpukit: error: {tmp_path / 'none.json'}: No such file or directory"

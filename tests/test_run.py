@@ -238,31 +238,72 @@ def test_cuda_idioms_left_in_the_script_are_said_up_front(tmp_path, run_cli):
     assert finding["line"] == 2
 
 
-def test_ctrl_c_stops_with_a_report_and_exit_130(tmp_path):
-    path = _script(tmp_path, "import time\nimport torch\nimport torch_xla\n"
-                             "x = torch.ones(4, device=torch_xla.device())\n"
-                             "print('ready', flush=True)\n"
-                             # bounded: a child the test fails to stop still ends (~2 min)
-                             "for _ in range(2400):\n    x = x + 1\n    torch_xla.sync()\n"
-                             "    time.sleep(0.05)\n")
+# A loop that runs until it is stopped: bounded, so a child the test fails to stop still ends
+# (~2 min); it says "ready" once torch_xla is up.
+ENDLESS = ("import time\nimport torch\nimport torch_xla\n"
+           "x = torch.ones(4, device=torch_xla.device())\n"
+           "print('ready', flush=True)\n"
+           "for _ in range(2400):\n    x = x + 1\n    torch_xla.sync()\n"
+           "    time.sleep(0.05)\n")
+
+
+def _stopped_run(tmp_path, sig, *options, wait=lambda: time.sleep(1.0)):
+    """`tpukit run OPTIONS endless.py`, sent `sig` once it is under way; (returncode, out, err)."""
+    path = _script(tmp_path, ENDLESS)
     # A shell runs background jobs with SIGINT ignored, and Python installs its KeyboardInterrupt
     # handler only when SIGINT is not ignored: give the child the default, as a terminal would.
-    proc = subprocess.Popen([tpukit_executable(), "run", "--format", "json", str(path)],
+    proc = subprocess.Popen([tpukit_executable(), "run", *options, str(path)],
                             env={**os.environ, **CPU}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline() == "ready\n"
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
+        wait()
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:  # never leave the loop running past the test
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 130, err
+    return proc.returncode, out, err
+
+
+def test_ctrl_c_stops_with_a_report_and_exit_130(tmp_path):
+    code, out, err = _stopped_run(tmp_path, signal.SIGINT, "--format", "json")
+    assert code == 130, err
     summary = json.loads(out)["summary"]
     assert summary["outcome"] == "interrupted" and summary["steps"] >= 2
+
+
+def test_sigterm_stops_with_a_report_and_exit_143(tmp_path):
+    # `timeout`, a CI job's limit and a preempted VM send SIGTERM: the report still comes.
+    code, out, err = _stopped_run(tmp_path, signal.SIGTERM, "--format", "json")
+    assert code == 143, err
+    summary = json.loads(out)["summary"]
+    assert summary["outcome"] == "terminated" and summary["error"] == "SIGTERM"
+    assert summary["steps"] >= 2 and summary["partial"] is False
+
+
+def test_sigkill_leaves_the_steps_so_far_readable_with_tpukit_report(tmp_path, run_cli):
+    saved = tmp_path / "run.json"
+
+    def steps_written(least=3):
+        for _ in range(600):  # the partial report is rewritten as steps end
+            if saved.exists() and json.loads(saved.read_text())["summary"]["steps"] >= least:
+                return
+            time.sleep(0.1)
+        raise AssertionError("no partial report with 3 steps in 60 s")
+
+    code, out, err = _stopped_run(tmp_path, signal.SIGKILL, "--json", str(saved),
+                                  wait=steps_written)
+    assert code == -signal.SIGKILL and "tpukit run" not in err  # no final report: killed
+    report = json.loads(run_cli("report", saved, "--format", "json", check_rc=0).stdout)
+    summary = report["summary"]
+    assert summary["partial"] is True and summary["outcome"] == "running"
+    assert summary["steps"] >= 3 and len(summary["step_records"]) == summary["steps"]
+    text = run_cli("report", saved, check_rc=0).stdout
+    assert "did not finish" in text and "partial: the run did not finish" in text
+    assert not list(tmp_path.glob(".run.json.*"))  # no temp file left by the atomic writes
 
 
 def test_a_missing_script_is_one_line_and_exit_2(tmp_path, run_cli):

@@ -202,10 +202,32 @@ def test_two_graphs_of_one_step_are_not_compared_with_each_other():
     first.graphs.append(second)
     first.compiles, first.compile_s = 2, 3.0
     steps = [_compiling(1), _compiling(2), first] + [_step(i) for i in range(4, 6)]
-    found, _ = _recompiles(steps)
-    assert [f.extra["previous_step"] for f in found] == [2, 2]
-    assert "against step 3's" not in found[1].message
-    assert "one of 2 graphs compiled in this step, 3.00 s in all" in found[0].message
+    (found,), _ = _recompiles(steps)  # one cause: one finding for both graphs
+    assert found.extra["previous_step"] == 2 and "against step 3's" not in found.message
+    assert [g["graph_hash"] for g in found.extra["graphs"]] == ["hash3", "other"]
+    assert "2 new graphs for one cause (3.00 s; hashes hash3, other)" in found.message
+
+
+def test_a_ragged_last_batch_that_recompiles_every_graph_of_its_step_is_one_finding():
+    full, ragged = {"batch[0]": ((64, 10), "float32")}, {"batch[0]": ((40, 10), "float32")}
+    lines = (56, 61, 70)
+
+    def step(index, shapes, compiles):
+        made = _step(index, compiles=len(lines) if compiles else 0, shapes=shapes)
+        if compiles:
+            made.graphs = [GraphEvent("compile", f"h{index}-{n}", frames=[("f", "/tmp/train.py", n)])
+                           for n in lines]
+            made.compile_s = 15.8 if index > 1 else 1.0
+        return made
+
+    steps = [step(1, full, True)] + [step(i, full, False) for i in range(2, 6)] + [step(6, ragged, True)]
+    (found,), analysis = _recompiles(steps)
+    assert found.location.line == 56 and found.extra["step"] == 6
+    assert "3 new graphs for one cause (15.80 s;" in found.message
+    assert "at this line and train.py:61, train.py:70" in found.message
+    assert "[64, 10] -> [40, 10]" in found.message and "drop_last" in found.message
+    assert [(g["line"]) for g in found.extra["graphs"]] == [56, 61, 70]
+    assert analysis.summary["recompiles_after_warmup"] == 3
 
 
 def test_a_shape_change_in_a_long_warm_up_is_still_named():

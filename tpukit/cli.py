@@ -264,6 +264,36 @@ def run(
     raise typer.Exit(code)
 
 
+@app.command()
+def report(
+    path: Path = typer.Argument(..., help="A JSON report saved by --json or --format json."),
+    fmt: Format = typer.Option(Format.TEXT, "--format", help="Output format."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Also write a run report as HTML."),
+) -> None:
+    """Show a saved JSON report again (a killed run's partial one too), in any format."""
+    from tpukit.render import render
+    from tpukit.render.saved import SavedReportError, load_report
+
+    try:
+        saved = load_report(path)
+    except SavedReportError as exc:
+        fail(str(exc))
+    if html is not None:
+        if saved.command != "run":
+            fail(f"{path}: --html renders a run report; this one is {saved.command!r}")
+        from tpukit.run.html import HtmlUnavailable, write_html
+
+        try:
+            write_html(html, saved)
+        except HtmlUnavailable as exc:
+            fail(str(exc))
+    if fmt is Format.TEXT and saved.command == "run" and "steps" in saved.summary:
+        from tpukit.run.command import print_summary
+
+        print_summary(saved.summary, sys.stdout)
+    render(saved, fmt, sys.stdout, sys.stderr)
+
+
 def main() -> None:
     try:
         app()

@@ -69,6 +69,15 @@ class Finding:
             **({"extra": self.extra} if self.extra else {}),
         }
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "Finding":
+        """The inverse of to_dict (a saved JSON report's finding)."""
+        location = Location(data["path"], data["line"], data["col"], data.get("end_line"),
+                            data.get("end_col"))
+        return cls(data["code"], Severity(data["severity"]), data["message"], location,
+                   name=data.get("name", ""), fix=FixKind(data.get("fix", "none")),
+                   applied=data.get("applied", False), extra=data.get("extra", {}))
+
 
 @dataclass
 class FileError:

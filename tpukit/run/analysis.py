@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from tpukit.findings import Finding, Location, Severity
 from tpukit.rules import load_rules
@@ -109,6 +110,7 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
     for step in steps:
         compiled = [g for g in step.graphs if g.kind == "compile"]
         per_compile = step.compile_s / max(step.compiles, len(compiled), 1)
+        causes: dict[tuple, list] = {}  # (severity, what caused it) -> [(event, where, extra)]
         for event in step.graphs:
             line = _graph_line(event)
             if event.kind == "compile" and loops.steady(step):
@@ -116,10 +118,15 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
                 # two graphs from a line, e.g. a read that cuts the step's graph early)
                 previous = next((s for l, h, s in reversed(history)
                                  if l == line and h != event.graph_hash and s != step.index), None)
-                findings.append(_recompile(step, event, line or step.boundary_at or (script, 1),
-                                           by_index.get(previous), per_compile, len(compiled),
-                                           fallback_lines or {}, loops, DDP in (models or ())))
+                severity, cause, extra = _recompile(
+                    step, event, by_index.get(previous), per_compile, fallback_lines or {},
+                    loops, DDP in (models or ()))
+                where = line or step.boundary_at or (script, 1)
+                causes.setdefault((severity, cause), []).append((event, where, extra))
             history.append((line, event.graph_hash, step.index))
+        # One cause, one finding: a ragged last batch recompiles every graph of its step.
+        findings += [_cause_finding(step, severity, cause, graphs, len(compiled))
+                     for (severity, cause), graphs in causes.items()]
         if not step.graphs and step.compiles and loops.steady(step):  # no debug log to read
             findings.append(finding(
                 "TPU701", f"step {step.index}: XLA compiled {step.compiles} new graph(s) "
@@ -128,13 +135,36 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
     return findings
 
 
-def _recompile(step: Step, event, where, previous: Step | None, compile_s: float,
-               graphs: int, fallback_lines: dict, loops: Loops, ddp: bool) -> Finding:
+def _cause_finding(step: Step, severity: Severity | None, cause: str, graphs: list,
+                   compiled: int) -> Finding:
+    """The finding for the graphs of one step that one cause recompiled: at the first one's
+    line, naming the others' lines, with the time they cost."""
+    (first, where, extra), others = graphs[0], graphs[1:]
     # torch_xla times compiles per step, not per graph: with several, say the step's total
-    took = (f"{compile_s:.2f} s" if graphs <= 1 else
-            f"one of {graphs} graphs compiled in this step, {step.compile_s:.2f} s in all")
-    head = (f"step {step.index}: XLA compiled a new graph (hash {_short(event.graph_hash)}, "
-            f"{took}) materialising tensors at this line")
+    if not others:
+        took = (f"{extra['compile_s']:.2f} s" if compiled <= 1 else
+                f"one of {compiled} graphs compiled in this step, {step.compile_s:.2f} s in all")
+        head = (f"step {step.index}: XLA compiled a new graph (hash {_short(first.graph_hash)}, "
+                f"{took}) materialising tensors at this line")
+        return finding("TPU701", head + cause, where, severity, **extra)
+    lines = sorted({w for _, w, _ in others if w != where})
+    at = ("this line" + (" and " + ", ".join(f"{Path(p).name}:{n}" for p, n in lines)
+                         if lines else ""))
+    share = (f"{step.compile_s:.2f} s" if compiled == len(graphs) else
+             f"{len(graphs)} of the {compiled} compiled in this step, {step.compile_s:.2f} s in all")
+    head = (f"step {step.index}: XLA compiled {len(graphs)} new graphs for one cause ({share}; "
+            f"hashes {', '.join(_short(e.graph_hash) for e, _, _ in graphs)}), materialising "
+            f"tensors at {at}")
+    extra = {**extra, "compile_s": round(sum(x["compile_s"] for _, _, x in graphs), 6),
+             "graphs": [{"graph_hash": e.graph_hash, "path": w[0], "line": w[1]}
+                        for e, w, _ in graphs]}
+    return finding("TPU701", head + cause, where, severity, **extra)
+
+
+def _recompile(step: Step, event, previous: Step | None, compile_s: float,
+               fallback_lines: dict, loops: Loops, ddp: bool) -> tuple[Severity | None, str, dict]:
+    """(severity (None: the rule's), the cause said after the finding's head, extra) of one
+    recompiled graph."""
     extra = {"step": step.index, "graph_hash": event.graph_hash, "compile_s": round(compile_s, 6),
              "cause": event.cause, "changes": [], "previous_step": None}
     changes = diff(previous.shapes, step.shapes) if previous is not None else []
@@ -147,23 +177,23 @@ def _recompile(step: Step, event, where, previous: Step | None, compile_s: float
         cause = (" DistributedDataParallel does this: its reducer rebuilds the gradient buckets "
                  "after the first iteration (static_graph=True also traces the first "
                  "iterations), so the graph changes in the first few steps." if ddp else "")
-        message = (f"{head}; every step of this loop up to its step {settled} compiled and none "
+        message = (f"; every step of this loop up to its step {settled} compiled and none "
                    f"after ({SETTLED}+ steps): a warm-up longer than --warmup {loops.warmup}, not "
                    f"a recurring recompile.{cause} `--warmup {settled}` counts these steps as "
                    "warm-up")
         extra.update(previous_step=previous.index if previous else None, warmup_steps=settled)
-        return finding("TPU701", message, where, Severity.INFO, **extra)
+        return Severity.INFO, message, extra
     if previous is None:
-        message = (f"{head}; it is the first graph from this line. Expected if this code runs "
+        message = ("; it is the first graph from this line. Expected if this code runs "
                    "once (evaluation, a checkpoint); if it repeats, raise --warmup or look at why "
                    "the graph is new")
-        return finding("TPU701", message, where, **extra)
+        return None, message, extra
     for change in changes:
         origin = step.origins.get(change["name"])
         change["line"] = origin[1] if origin else None
     extra.update(changes=changes, previous_step=previous.index)
     if not changes:
-        message = (f"{head}; against step {previous.index}'s graph from this line no batch or "
+        message = (f"; against step {previous.index}'s graph from this line no batch or "
                    "forward input changed shape or dtype, so the graph itself changed")
         if dynamic:
             message += (f". This step ran ops whose output size depends on the data on the CPU "
@@ -173,10 +203,10 @@ def _recompile(step: Step, event, where, previous: Step | None, compile_s: float
             message += (": look for Python numbers that vary per step (a float in tensor math, a "
                         "step-dependent branch, an `.item()` fed back into tensors) and make them "
                         "tensors")
-        return finding("TPU701", message, where, **extra)
+        return None, message, extra
     what = "; ".join(describe(c) for c in changes)
-    message = f"{head}; changed since step {previous.index}: {what}. Fix: {_shape_fix(changes)}"
-    return finding("TPU701", message, where, **extra)
+    message = f"; changed since step {previous.index}: {what}. Fix: {_shape_fix(changes)}"
+    return None, message, extra
 
 
 DATA_DEPENDENT_OPS = ("aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",

@@ -24,7 +24,8 @@ from rich.table import Table
 from tpukit.findings import Finding, Location
 from tpukit.render import Format, Report, render
 
-DEBUG_ENV = ("PT_XLA_DEBUG_LEVEL", "PT_XLA_DEBUG_FILE")
+# Outcomes whose exit code is the run's: the script's own, or the signal's (130, 143).
+STOPPED = ("error", "exit", "interrupted", "terminated")
 
 
 class UsageError(Exception):
@@ -146,14 +147,20 @@ def run_command(request: RunRequest) -> int:
     cuda = [_cuda_finding(request.script, idioms)] if idioms else []
     for finding in cuda:  # said before the script runs
         print(f"tpukit: warning: {finding.message}", file=sys.stderr, flush=True)
-    from tpukit.run.analysis import analyse
-    from tpukit.run.probe import Probe, StopRun
-    from tpukit.run.script import run_target
+    from tpukit.run.probe import Probe, StopRun, fan_out
+    from tpukit.run.script import Outcome, run_target
 
     profiler = _profiler(request)
-    probe = Probe(log, request.max_steps, profiler)
-    probe.install()
     start = time.perf_counter()
+    live = None
+    if request.json_path is not None:  # a report that a kill (even SIGKILL) leaves readable
+        from tpukit.run.live import LiveReport
+
+        live = LiveReport(request.json_path, lambda: _report(
+            request, probe, display, Outcome(0, "running"), time.perf_counter() - start, cuda,
+            partial=True))
+    probe = Probe(log, request.max_steps, fan_out(profiler, live))
+    probe.install()
     try:
         outcome = run_target(request.script, request.module, request.args, (StopRun,))
         try:
@@ -167,6 +174,24 @@ def run_command(request: RunRequest) -> int:
             log.close()
         if ours and log_path is not None:
             log_path.unlink(missing_ok=True)
+    report, failed = _report(request, probe, display, outcome, wall, cuda, profiler=profiler)
+    summary = report.summary
+    _emit(request, report, lambda: print_summary(summary, sys.stderr))
+    if summary["profile"] is not None:
+        _print_profile(summary["profile"], sys.stderr)
+    if request.html is not None:
+        print(f"tpukit: HTML report: {request.html}", file=sys.stderr)
+    if outcome.kind in STOPPED and outcome.exit_code != 0:
+        return outcome.exit_code
+    return 1 if failed else 0
+
+
+def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda: list,
+            profiler=None, partial: bool = False) -> tuple[Report, list[str]]:
+    """The run's report and the --fail-on kinds it fails on; `partial`: while the script still
+    runs (what --json holds until the run ends)."""
+    from tpukit.run.analysis import analyse
+
     analysis = analyse(probe, request.warmup, request.script or request.module)
     sites = probe.attention.best()
     advice = _advice(request, probe, analysis, sites)
@@ -178,6 +203,7 @@ def run_command(request: RunRequest) -> int:
         "exit_code": outcome.exit_code,
         "error": outcome.error,
         "wall_s": round(wall, 6),
+        "partial": partial,
         **analysis.summary,
         "launches": probe.launches,
         "attention": [site.to_dict() for site in sites],
@@ -191,16 +217,8 @@ def run_command(request: RunRequest) -> int:
     findings = cuda + analysis.findings + advice["findings"]
     failed = analysis.failures(request.fail_on)
     summary["failed_on"] = failed
-    report = Report("run", findings, [], summary, _summary_line(summary), show_applied=True,
-                    excerpts=True)
-    _emit(request, report, lambda: _print_summary(summary, sys.stderr))
-    if summary["profile"] is not None:
-        _print_profile(summary["profile"], sys.stderr)
-    if request.html is not None:
-        print(f"tpukit: HTML report: {request.html}", file=sys.stderr)
-    if outcome.kind in ("error", "exit", "interrupted") and outcome.exit_code != 0:
-        return outcome.exit_code
-    return 1 if failed else 0
+    return Report("run", findings, [], summary, summary_line(summary), show_applied=True,
+                  excerpts=True), failed
 
 
 def _run_on_torchtpu(request: RunRequest, display: str) -> int:
@@ -217,7 +235,7 @@ def _run_on_torchtpu(request: RunRequest, display: str) -> int:
             f"{outcome.exit_code}) in {summary['wall_s']:.2f} s; recompile, fallback and "
             "host-sync analysis needs the xla target")
     _emit(request, Report("run", [], [], summary, line), lambda: None)
-    return outcome.exit_code if outcome.kind in ("error", "exit", "interrupted") else 0
+    return outcome.exit_code if outcome.kind in STOPPED else 0
 
 
 def _emit(request: RunRequest, report: Report, print_summary) -> None:
@@ -314,7 +332,12 @@ def _print_profile(profile: dict, stream) -> None:
             console.print(f"open it: {command}")
 
 
-def _summary_line(summary: dict) -> str:
+def summary_line(summary: dict) -> str:
+    if summary.get("partial"):
+        return (f"run (partial: the run did not finish): {summary['steps']} step(s) recorded, "
+                f"{summary['distinct_graphs']} graph(s) compiled in {summary['compile_s']:.2f} s, "
+                f"{summary['recompiles_after_warmup']} after warm-up; {summary['fallbacks']} CPU "
+                f"fallback(s); {summary['host_syncs']} host read(s)")
     median = summary["step_time_median_s"]
     median_text = f"median step {median * 1000:.1f} ms" if median is not None else "no steady-state steps"
     stopped = " (stopped by --max-steps)" if summary["stopped_early"] else ""
@@ -344,13 +367,15 @@ def _recompiles_text(summary: dict) -> str:
     return f"{total} ({which} in a warm-up longer than --warmup: see TPU701)"
 
 
-def _print_summary(summary: dict, stream) -> None:
+def print_summary(summary: dict, stream) -> None:
     table = Table(title=f"tpukit run: {summary['script']} on {summary['device']}", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
     median = summary["step_time_median_s"]
+    outcome = (f"{summary['outcome']} (exit {summary['exit_code']})" if not summary.get("partial")
+               else "did not finish: this report was written while the script ran (killed?)")
     rows = [
-        ("outcome", f"{summary['outcome']} (exit {summary['exit_code']})"),
+        ("outcome", outcome),
         ("steps", f"{summary['steps']} in {len(summary['loops'])} loop(s) "
                   f"({summary['warmup']} warm-up each"
                   f"{', stopped by --max-steps' if summary['stopped_early'] else ''})"),

@@ -483,6 +483,31 @@ class StepListener:
         pass
 
 
+class _FanOut(StepListener):
+    def __init__(self, listeners: list[StepListener]) -> None:
+        self.listeners = listeners
+
+    def step_begins(self, index: int) -> None:
+        for listener in self.listeners:
+            listener.step_begins(index)
+
+    def step_ended(self, index: int, final: bool) -> None:
+        for listener in self.listeners:
+            listener.step_ended(index, final)
+
+    def close(self) -> None:
+        for listener in self.listeners:
+            listener.close()
+
+
+def fan_out(*listeners: StepListener | None) -> StepListener | None:
+    """One listener that tells each given one (None: no listener at all)."""
+    present = [listener for listener in listeners if listener is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+    return _FanOut(present)
+
+
 def _to_host(args: tuple, kwargs: dict) -> bool:
     device = kwargs.get("device", args[0] if args else None)
     if isinstance(device, str):

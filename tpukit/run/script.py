@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
+import signal
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +18,31 @@ _OUR_FILES = (str(Path(runpy.__file__).resolve()), str(Path(__file__).resolve().
 @dataclass
 class Outcome:
     exit_code: int
-    kind: str  # "ok" | "exit" | "error" | "interrupted" | "max-steps"
+    kind: str  # "ok" | "exit" | "error" | "interrupted" | "terminated" | "max-steps"
     error: str = ""  # the exception's last line, for the report
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, a CI job's limit, a preempted TPU VM), raised in the script like
+    Ctrl-C's KeyboardInterrupt, so its own `except KeyboardInterrupt` and `finally` blocks run
+    and the report is still written."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """While the script runs, SIGTERM raises Terminated in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _ours(filename: str) -> bool:
@@ -63,15 +89,18 @@ def run_target(script: str | None, module: str | None, args: list[str], stop_typ
     else:
         sys.path.append(first)
     try:
-        if module:
-            sys.argv = [module, *args]  # runpy replaces argv[0] with the module's path
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = [script, *args]
-            runpy.run_path(script, run_name="__main__")
+        with sigterm_as_interrupt():
+            if module:
+                sys.argv = [module, *args]  # runpy replaces argv[0] with the module's path
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = [script, *args]
+                runpy.run_path(script, run_name="__main__")
         return Outcome(0, "ok")
     except SystemExit as exc:
         return Outcome(exit_code_of(exc), "exit")
+    except Terminated:
+        return Outcome(143, "terminated", "SIGTERM")  # 128 + 15, as a shell says it
     except KeyboardInterrupt:
         return Outcome(130, "interrupted", "KeyboardInterrupt")
     except stop_types:
