@@ -238,6 +238,36 @@ def test_cuda_idioms_left_in_the_script_are_said_up_front(tmp_path, run_cli):
     assert finding["line"] == 2
 
 
+def _grad_accum(tmp_path, *args) -> dict:
+    out = tmp_path / "report.json"
+    proc = subprocess.run([tpukit_executable(), "run", "--json", str(out), *args[:-1],
+                           str(RUN / "grad_accum.py"), *args[-1]],
+                          env={**os.environ, "NO_COLOR": "1", **CPU}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())["summary"]
+
+
+def test_with_gradient_accumulation_a_step_is_an_optimizer_step(tmp_path):
+    summary = _grad_accum(tmp_path, ["--iters", "5", "--accum", "4"])
+    records = [r for r in summary["step_records"] if r["complete"]]
+    assert summary["steps"] == 5 and len(records) == 5
+    assert [r["micro_steps"] for r in records] == [4] * 5  # 4 barriers after a backward
+    assert [r["optimizer_steps"] for r in records] == [1] * 5
+
+
+def test_max_steps_counts_optimizer_steps_not_micro_steps(tmp_path):
+    summary = _grad_accum(tmp_path, "--max-steps", "3", ["--iters", "8", "--accum", "4"])
+    assert summary["steps"] == 3 and summary["stopped_early"] is True
+    assert sum(r["micro_steps"] for r in summary["step_records"]) == 12
+
+
+def test_without_an_optimizer_every_barrier_ends_a_step(tmp_path):
+    # a hand-written update: no optimizer step to wait for
+    summary = _grad_accum(tmp_path, ["--iters", "3", "--accum", "2", "--manual"])
+    assert summary["steps"] == 9 and all(r["micro_steps"] == 0 for r in summary["step_records"])
+
+
 # A loop that runs until it is stopped: bounded, so a child the test fails to stop still ends
 # (~2 min); it says "ready" once torch_xla is up.
 ENDLESS = ("import time\nimport torch\nimport torch_xla\n"

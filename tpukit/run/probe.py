@@ -100,6 +100,10 @@ class Step:
     origins: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> user line
     inputs_seen: bool = False
     complete: bool = True
+    # Gradient accumulation: the barriers after a backward that no optimizer step followed yet
+    # (each micro-step's) do not end the step; the optimizer step's does.
+    micro_steps: int = 0
+    optimizer_steps: int = 0
 
     @property
     def wall_s(self) -> float:
@@ -121,6 +125,8 @@ class Step:
             "host_read_bytes": sum(r.nbytes for r in self.reads),
             "fallbacks": self.fallbacks,
             "shapes": {k: {"shape": list(v[0]), "dtype": v[1]} for k, v in self.shapes.items()},
+            "micro_steps": self.micro_steps,
+            "optimizer_steps": self.optimizer_steps,
         }
 
 
@@ -152,6 +158,9 @@ class Probe:
         self._label = ""  # set while inside MpDeviceLoader / xm.optimizer_step
         self._optimizer_pending = False
         self._cut_at_optimizer = False
+        self._optimizers = False  # a torch.optim.Optimizer was made: steps are its steps
+        self._backward = False  # a backward ran since the last boundary
+        self._stepped = False  # an optimizer stepped since the last step ended
         self._traced_steps = 0
         self._trace_next = True
         self._tracer = None
@@ -186,6 +195,12 @@ class Probe:
                 self._patch(torch.Tensor, name, self._wrap_read(name, getattr(torch.Tensor, name)))
         self._patch(torch.Tensor, "to", self._wrap_read("to", torch.Tensor.to))
         self._patch(pjrt, "spawn", self._wrap_spawn(pjrt.spawn))
+        self._patch(torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward))
+        self._patch(torch.optim.Optimizer, "__init__",
+                    self._wrap_optimizer_init(torch.optim.Optimizer.__init__))
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._hooks.append(register_optimizer_step_post_hook(self._optimizer_stepped))
         import torch.nn.functional as F
 
         self._patch(F, "scaled_dot_product_attention",
@@ -234,6 +249,12 @@ class Probe:
 
     # -- steps ----------------------------------------------------------------------------
     def _close_step(self, boundary: str, where: tuple[str, int] | None, final: bool = False) -> None:
+        if not final and self._optimizers and self._backward and not self._stepped:
+            # A micro-step of gradient accumulation (a barrier after each micro-batch's
+            # backward): the step is the optimizer step, one training iteration.
+            self.current.micro_steps += 1
+            self._backward = False
+            return
         now = time.perf_counter()
         counters = self._counters()
         step = self.current
@@ -262,6 +283,7 @@ class Probe:
         if idle or before_loop:  # the step goes on
             return
         step.end, step.boundary, step.boundary_at, step.complete = now, boundary, where, not final
+        self._backward = self._stepped = False
         self.steps.append(step)
         self._disarm_tracer()
         if self.listener is not None:
@@ -342,6 +364,30 @@ class Probe:
             return result
 
         return optimizer_step
+
+    def _wrap_backward(self, original: Callable) -> Callable:
+        probe = self
+
+        @functools.wraps(original)
+        def backward(*args, **kwargs):
+            probe._backward = True
+            return original(*args, **kwargs)
+
+        return backward
+
+    def _wrap_optimizer_init(self, original: Callable) -> Callable:
+        probe = self
+
+        @functools.wraps(original)
+        def __init__(*args, **kwargs):
+            probe._optimizers = True
+            return original(*args, **kwargs)
+
+        return __init__
+
+    def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
+        self._stepped = True
+        self.current.optimizer_steps += 1
 
     def _wrap_loader_next(self, original: Callable) -> Callable:
         probe = self
