@@ -38,7 +38,8 @@ $(TPU_STAMP): pyproject.toml
 test-torchtpu: $(TPU_STAMP)
 	TPUKIT_REQUIRE_TORCH_TPU=1 $(TPU_BIN)/python -m pytest -q tests/test_torchtpu_wheel.py
 
-# Migrate a nanoGPT-style CUDA script into demo/, show the diff, run it on XLA:CPU.
+# Migrate a nanoGPT-style CUDA script into demo/, show the diff, run it on XLA:CPU, then run it
+# again under `tpukit run` for the report.
 demo: $(STAMP)
 	rm -rf demo && mkdir -p demo
 	cp fixtures/nanogpt_lite/cuda.py demo/train.py
@@ -48,6 +49,8 @@ demo: $(STAMP)
 	$(BIN)/tpukit migrate --exit-zero demo/train.py
 	@echo "== PJRT_DEVICE=CPU python demo/train.py --steps 6   (XLA:CPU; a TPU VM runs it as is)"
 	cd demo && PJRT_DEVICE=CPU ../$(BIN)/python train.py --steps 6
+	@echo "== tpukit run demo/train.py --steps 6   (the same run, explained: compiles, fallbacks, host reads)"
+	cd demo && PJRT_DEVICE=CPU ../$(BIN)/tpukit run train.py --steps 6
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/migrate_throughput.py

@@ -238,6 +238,15 @@ def test_cuda_idioms_left_in_the_script_are_said_up_front(tmp_path, run_cli):
     assert finding["line"] == 2
 
 
+def test_the_cuda_idiom_warning_quotes_the_whole_call():
+    from tpukit.run.command import _cuda_finding
+
+    idioms = [{"code": "TPU102", "line": 136, "col": 9,
+               "message": "`self.model.cuda()` -> `self.model.to(device)`: moves it. Then"}]
+    finding = _cuda_finding("train.py", idioms)
+    assert "first at line 136: `self.model.cuda()`)" in finding.message
+
+
 def _grad_accum(tmp_path, *args) -> dict:
     out = tmp_path / "report.json"
     proc = subprocess.run([tpukit_executable(), "run", "--json", str(out), *args[:-1],

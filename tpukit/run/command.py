@@ -11,6 +11,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -87,9 +88,11 @@ def _cuda_finding(script: str, idioms: list[dict]) -> Finding:
     rule = load_rules()["TPU704"]
     first = min(idioms, key=lambda f: (f["line"], f["col"]))
     codes = sorted({f["code"] for f in idioms})
+    # The code the finding quotes (its first `...`), whole: `self.model.cuda()`, not `self`.
+    quoted = re.search(r"`[^`]+`", first["message"])
+    what = quoted.group(0) if quoted else first["code"]
     message = (f"{script} still has {len(idioms)} CUDA idiom(s) ({', '.join(codes)}; first at line "
-               f"{first['line']}: {first['message'].split('.')[0]}): run `tpukit migrate {script}` "
-               "first")
+               f"{first['line']}: {what}): run `tpukit migrate {script}` first")
     return Finding("TPU704", rule.severity, message, Location(script, first["line"], first["col"]),
                    name=rule.name)
 
