@@ -8,7 +8,6 @@ API.txt. The copy vendored in tests/data is used first, so a clean clone runs th
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
@@ -69,56 +68,6 @@ def load_api() -> Api:
     return Api(api_file().read_text())
 
 
-class TorchTpuNames(ast.NodeVisitor):
-    """The `torch.tpu...` attribute chains a module uses, through its imports (`import torch
-    as th`, `from torch import tpu`), and the modules it imports."""
-
-    def __init__(self) -> None:
-        self.aliases: dict[str, str] = {}
-        self.chains: set[str] = set()
-        self.imported: set[str] = set()
-
-    def visit_Import(self, node: ast.Import) -> None:
-        for alias in node.names:
-            self.imported.add(alias.name)
-            if alias.asname:
-                self.aliases[alias.asname] = alias.name
-            else:
-                root = alias.name.split(".")[0]
-                self.aliases[root] = root
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        if node.module is None or node.level:
-            return
-        self.imported.add(node.module)
-        for alias in node.names:
-            full = f"{node.module}.{alias.name}"
-            self.aliases[alias.asname or alias.name] = full
-            if full.startswith("torch.tpu."):
-                self.chains.add(full)
-
-    def _resolve(self, node: ast.expr) -> str | None:
-        if isinstance(node, ast.Name):
-            return self.aliases.get(node.id)
-        if isinstance(node, ast.Attribute):
-            base = self._resolve(node.value)
-            return None if base is None else f"{base}.{node.attr}"
-        return None
-
-    def visit_Attribute(self, node: ast.Attribute) -> None:
-        name = self._resolve(node)
-        if name is not None and (name + ".").startswith("torch.tpu."):
-            self.chains.add(name)  # the whole chain; its prefixes are checked from it
-            return
-        self.generic_visit(node)
-
-
-def used_names(source: str) -> TorchTpuNames:
-    visitor = TorchTpuNames()
-    visitor.visit(ast.parse(source))
-    return visitor
-
-
 def outputs(target: str) -> list[pytest.param]:
     golden = {"xla": "xla.py", "torchtpu": "torchtpu.py"}[target]
     found = [pytest.param(p.read_text(), id=f"{p.parent.name}/{golden}")
@@ -141,26 +90,26 @@ def test_every_fixture_has_a_torchtpu_golden():
 @pytest.mark.parametrize("source", TORCHTPU_OUTPUTS)
 def test_torchtpu_output_uses_only_public_torch_tpu_names(source):
     api = load_api()
-    assert api.unknown(used_names(source).chains) == []
+    assert api.unknown(uses_of(source).tpu_chains()) == []
 
 
 @pytest.mark.parametrize("source", TORCHTPU_OUTPUTS)
 def test_torchtpu_output_imports_no_torch_xla(source):
-    imported = used_names(source).imported
+    imported = uses_of(source).imported
     assert not [m for m in imported if m.split(".")[0] == "torch_xla"]
 
 
 @pytest.mark.parametrize("source", XLA_OUTPUTS)
 def test_xla_output_imports_no_torch_tpu_and_uses_no_torch_tpu_names(source):
-    names = used_names(source)
+    names = uses_of(source)
     assert not [m for m in names.imported if m.split(".")[0] == "torch_tpu"]
-    assert not names.chains
+    assert not names.tpu_chains()
 
 
 def test_torchtpu_output_that_uses_the_device_imports_torch_tpu():
     for param in TORCHTPU_OUTPUTS:
-        names = used_names(param.values[0])
-        if names.chains or re.search(r"""["']tpu(_dist)?["']""", param.values[0]):
+        names = uses_of(param.values[0])
+        if names.tpu_chains() or re.search(r"""["']tpu(_dist)?["']""", param.values[0]):
             assert "torch_tpu" in names.imported, param.id
 
 
@@ -168,7 +117,7 @@ def test_torchtpu_output_that_uses_the_device_imports_torch_tpu():
 def test_checker_flags_a_name_torch_tpu_does_not_export_through_an_alias():
     api = load_api()
     source = "import torch as th\nfrom torch import tpu\nth.tpu.empty_cache()\ntpu.memory_allocated()\n"
-    assert api.unknown(used_names(source).chains) == [
+    assert api.unknown(uses_of(source).tpu_chains()) == [
         "torch.tpu.empty_cache", "torch.tpu.memory_allocated"]
 
 
@@ -178,9 +127,9 @@ def test_checker_accepts_submodule_names_and_eager_mode_members():
               "torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)\n"
               "torch.tpu.distributed.set_tpu_launch_env(nproc_per_node=4)\n"
               "torch.tpu.current_stream().wait_stream(s)\n")
-    assert api.unknown(used_names(source).chains) == []
+    assert api.unknown(uses_of(source).tpu_chains()) == []
     bad = "import torch\ntorch.tpu.EagerMode.LAZY\ntorch.tpu.distributed.launch()\n"
-    assert api.unknown(used_names(bad).chains) == [
+    assert api.unknown(uses_of(bad).tpu_chains()) == [
         "torch.tpu.EagerMode.LAZY", "torch.tpu.distributed.launch"]
 
 

@@ -48,11 +48,17 @@ class Uses:
     calls: set[Call] = field(default_factory=set)
     assignments: set[str] = field(default_factory=set)
     helpers: dict[str, str] = field(default_factory=dict)
+    imported: set[str] = field(default_factory=set)  # the modules the source imports
 
     def minus(self, other: "Uses") -> "Uses":
         return Uses(self.chains - other.chains, self.calls - other.calls,
                     self.assignments - other.assignments,
-                    {k: v for k, v in self.helpers.items() if k not in other.helpers})
+                    {k: v for k, v in self.helpers.items() if k not in other.helpers},
+                    self.imported - other.imported)
+
+    def tpu_chains(self) -> set[str]:
+        """The `torch.tpu...` chains alone (torch-tpu's own namespace)."""
+        return {c for c in self.chains if c == "torch.tpu" or c.startswith("torch.tpu.")}
 
 
 def _literal(node: ast.expr) -> bool:
@@ -72,6 +78,7 @@ class _Collector(ast.NodeVisitor):
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
+            self.uses.imported.add(alias.name)
             if alias.asname:
                 self.aliases[alias.asname] = alias.name
             else:
@@ -81,6 +88,7 @@ class _Collector(ast.NodeVisitor):
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.module is None or node.level:
             return
+        self.uses.imported.add(node.module)
         for alias in node.names:
             full = f"{node.module}.{alias.name}"
             self.aliases[alias.asname or alias.name] = full

@@ -195,9 +195,9 @@ class Probe:
                 self._patch(torch.Tensor, name, self._wrap_read(name, getattr(torch.Tensor, name)))
         self._patch(torch.Tensor, "to", self._wrap_read("to", torch.Tensor.to))
         self._patch(pjrt, "spawn", self._wrap_spawn(pjrt.spawn))
-        self._patch(torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward))
+        self._patch(torch.Tensor, "backward", self._noting("_backward", torch.Tensor.backward))
         self._patch(torch.optim.Optimizer, "__init__",
-                    self._wrap_optimizer_init(torch.optim.Optimizer.__init__))
+                    self._noting("_optimizers", torch.optim.Optimizer.__init__))
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._hooks.append(register_optimizer_step_post_hook(self._optimizer_stepped))
@@ -365,25 +365,16 @@ class Probe:
 
         return optimizer_step
 
-    def _wrap_backward(self, original: Callable) -> Callable:
+    def _noting(self, flag: str, original: Callable) -> Callable:
+        """`original`, setting the probe's `flag` each time it is called."""
         probe = self
 
         @functools.wraps(original)
-        def backward(*args, **kwargs):
-            probe._backward = True
+        def noted(*args, **kwargs):
+            setattr(probe, flag, True)
             return original(*args, **kwargs)
 
-        return backward
-
-    def _wrap_optimizer_init(self, original: Callable) -> Callable:
-        probe = self
-
-        @functools.wraps(original)
-        def __init__(*args, **kwargs):
-            probe._optimizers = True
-            return original(*args, **kwargs)
-
-        return __init__
+        return noted
 
     def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
         self._stepped = True
