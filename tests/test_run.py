@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -275,6 +276,37 @@ def test_without_an_optimizer_every_barrier_ends_a_step(tmp_path):
     # a hand-written update: no optimizer step to wait for
     summary = _grad_accum(tmp_path, ["--iters", "3", "--accum", "2", "--manual"])
     assert summary["steps"] == 9 and all(r["micro_steps"] == 0 for r in summary["step_records"])
+
+
+def _slice_run(tmp_path, *options) -> list[dict]:
+    out = tmp_path / "report.json"
+    proc = subprocess.run([tpukit_executable(), "run", "--json", str(out), *options,
+                           str(RUN / "slice_offset.py"), "--steps", "6"],
+                          env={**os.environ, "NO_COLOR": "1", **CPU}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return by_code(json.loads(out.read_text()), "TPU701")
+
+
+def test_explain_graphs_names_the_slice_and_its_line_when_no_shape_changed(tmp_path):
+    slice_line = line_of(RUN / "slice_offset.py", "chunk = corpus[i:i + bptt]")
+    found = _slice_run(tmp_path, "--explain-graphs")
+    first = min(found, key=lambda f: f["extra"]["step"])
+    assert first["line"] == slice_line  # the slicing line, not the barrier's
+    diff = first["extra"]["graph_diff"]
+    assert diff["op"] == "slice" and diff["kind"] == "changed" and diff["line"] == slice_line
+    step = first["extra"]["step"]  # offsets 10 * (step - 2) -> 10 * (step - 1)
+    bounds = f"slice={{[{10 * (step - 2)}:{10 * (step - 1)}], [0:16]}}"
+    assert f"{bounds} -> slice={{[{10 * (step - 1)}:{10 * step}], [0:16]}}" in first["message"]
+    assert "index with a tensor" in first["message"]
+    assert not list(Path(tempfile.gettempdir()).glob("tpukit-graphs-*/graphs.hlo.*"))
+
+
+def test_without_explain_graphs_the_finding_says_how_to_get_the_difference(tmp_path):
+    sync_line = line_of(RUN / "slice_offset.py", "torch_xla.sync()")
+    found = _slice_run(tmp_path)
+    assert found and all(f["line"] == sync_line and "graph_diff" not in f["extra"] for f in found)
+    assert "--explain-graphs" in found[0]["message"]
 
 
 # A loop that runs until it is stopped: bounded, so a child the test fails to stop still ends

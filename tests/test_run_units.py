@@ -238,3 +238,51 @@ def test_a_shape_change_in_a_long_warm_up_is_still_named():
     (found,), _ = _recompiles(steps)
     assert found.severity is Severity.WARNING and found.extra["changes"]
     assert "[8, 12] -> [8, 20]" in found.message
+
+
+# -- --explain-graphs: the HLO difference between two graphs ---------------------------------
+def _hlo(*lines: str) -> list:
+    from tpukit.run.graphs import parse_graph
+
+    return parse_graph(list(lines))
+
+
+def _user(path: str) -> bool:
+    return path.startswith("/tmp/")
+
+
+CONST = ('  %c.1 = f32[] constant({value}), metadata={{op_type="prim__Constant" '
+         'source_file="/tmp/train.py" source_line=12}}')
+MUL = ('  %m.2 = f32[4]{{0}} multiply(f32[4]{{0}} %p0.1, f32[] %c.1), metadata={{op_type="aten__mul" '
+       'source_file="/tmp/train.py" source_line={line}}}')
+
+
+def test_a_constant_that_changed_is_named_with_both_values_and_its_line():
+    from tpukit.run.graphs import diff_graphs, fix_for
+
+    diff = diff_graphs(_hlo(CONST.format(value="0.001"), MUL.format(line=13)),
+                       _hlo(CONST.format(value="0.002"), MUL.format(line=13)), _user)
+    assert (diff.op, diff.kind, diff.line) == ("constant", "changed", 12)
+    assert diff.what == "`constant` 0.001 -> 0.002"
+    assert "make it a tensor" in fix_for(diff)
+
+
+def test_an_op_in_one_graph_only_is_named_as_added():
+    from tpukit.run.graphs import diff_graphs, fix_for
+
+    before = _hlo(CONST.format(value="2"))
+    after = _hlo(CONST.format(value="2"), MUL.format(line=30))
+    diff = diff_graphs(before, after, _user)
+    assert (diff.op, diff.kind, diff.line) == ("multiply", "added", 30)
+    assert "torch.where" in fix_for(diff)
+    assert diff_graphs(after, after, _user) is None
+
+
+def test_a_difference_at_a_user_line_is_preferred_to_one_in_library_code():
+    from tpukit.run.graphs import diff_graphs
+
+    library = ('  %s.3 = f32[2]{0} sine(f32[2]{0} %p0.1), metadata={op_type="aten__sin" '
+               'source_file="/usr/lib/torch/nn.py" source_line=5}')
+    before = _hlo(library.replace("f32[2]", "f32[3]"), CONST.format(value="1"))
+    after = _hlo(library, CONST.format(value="5"))
+    assert diff_graphs(before, after, _user).line == 12

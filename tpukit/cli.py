@@ -215,6 +215,9 @@ def run(
                                "torch_tpu, else [tool.tpukit] target, else xla)."),
     eager_mode: Optional[str] = typer.Option(
         None, "--eager-mode", help="torchtpu target: debug, strict or fused (default fused)."),
+    explain_graphs: bool = typer.Option(
+        False, "--explain-graphs", help="Dump every graph's HLO and name what differs in a "
+                                        "recompiled graph, at its line (slower: a diagnosis run)."),
 ) -> None:
     """Run a script on the TPU (XLA:CPU without one) and explain its recompiles, CPU fallbacks
     and host syncs, step by step."""
@@ -256,7 +259,7 @@ def run(
                          fail_on=kinds, check_cuda=not no_cuda_check, profile=profile,
                          logdir=logdir, profile_steps=steps, tpu_generation=tpu_generation,
                          bucket_budget=bucket_budget, html=html, target=run_target,
-                         eager_mode=eager_mode)
+                         eager_mode=eager_mode, explain_graphs=explain_graphs)
     try:
         code = run_command(request)
     except UsageError as exc:

@@ -102,8 +102,10 @@ def _short(graph_hash: str) -> str:
 
 def recompile_findings(steps: list[Step], loops: Loops, script: str,
                        fallback_lines: dict | None = None,
-                       models: set[str] | None = None) -> list[Finding]:
-    """`models`: the class names of the outermost modules the steps called."""
+                       models: set[str] | None = None,
+                       graphs: dict | None = None) -> list[Finding]:
+    """`models`: the class names of the outermost modules the steps called; `graphs`: the HLO
+    of each graph by hash (--explain-graphs), to say what differs when no shape did."""
     by_index = {s.index: s for s in steps}
     history: list[tuple[tuple[str, int] | None, str, int]] = []  # (line, hash, step) in order
     findings = []
@@ -116,12 +118,16 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
             if event.kind == "compile" and loops.steady(step):
                 # the last other graph an earlier step ran from this line (one step can run
                 # two graphs from a line, e.g. a read that cuts the step's graph early)
-                previous = next((s for l, h, s in reversed(history)
-                                 if l == line and h != event.graph_hash and s != step.index), None)
+                previous, previous_hash = next(
+                    ((s, h) for l, h, s in reversed(history)
+                     if l == line and h != event.graph_hash and s != step.index), (None, None))
                 severity, cause, extra = _recompile(
                     step, event, by_index.get(previous), per_compile, fallback_lines or {},
                     loops, DDP in (models or ()))
                 where = line or step.boundary_at or (script, 1)
+                if graphs and previous is not None and not extra["changes"] and severity is None:
+                    cause, where = _graph_difference(cause, extra, where, graphs,
+                                                     previous_hash, event.graph_hash)
                 causes.setdefault((severity, cause), []).append((event, where, extra))
             history.append((line, event.graph_hash, step.index))
         # One cause, one finding: a ragged last batch recompiles every graph of its step.
@@ -202,11 +208,36 @@ def _recompile(step: Step, event, previous: Step | None, compile_s: float,
         else:
             message += (": look for Python numbers that vary per step (a float in tensor math, a "
                         "step-dependent branch, an `.item()` fed back into tensors) and make them "
-                        "tensors")
+                        "tensors; `tpukit run --explain-graphs` names the instruction and the "
+                        "line that differ")
         return None, message, extra
     what = "; ".join(describe(c) for c in changes)
     message = f"; changed since step {previous.index}: {what}. Fix: {_shape_fix(changes)}"
     return None, message, extra
+
+
+def _graph_difference(cause: str, extra: dict, where, graphs: dict, before: str,
+                      after: str) -> tuple[str, tuple[str, int]]:
+    """The cause said from the two graphs' HLO: the first instruction that differs, at its
+    user line, which becomes the finding's line."""
+    from tpukit.run.graphs import diff_graphs, fix_for
+
+    if before not in graphs or after not in graphs:
+        return cause, where
+    difference = diff_graphs(graphs[before], graphs[after], is_user_file)
+    if difference is None:
+        return cause, where
+    at = f"{Path(difference.path).name}:{difference.line}" if difference.path else "an unknown line"
+    extra["graph_diff"] = {"what": difference.what, "op": difference.op, "kind": difference.kind,
+                           "path": difference.path, "line": difference.line,
+                           "ops": [len(graphs[before]), len(graphs[after])]}
+    head = cause.split(": look for Python numbers", 1)[0]  # the diff says what to look at
+    sizes = f"{len(graphs[before])} -> {len(graphs[after])} HLO instructions"
+    cause = (f"{head}. The graphs differ first at {at}: {difference.what} ({sizes}). Fix: "
+             f"{fix_for(difference)}")
+    if difference.path and is_user_file(difference.path):
+        where = (difference.path, difference.line)
+    return cause, where
 
 
 DATA_DEPENDENT_OPS = ("aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
@@ -306,7 +337,9 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
     steps = probe.steps
     loops = Loops(steps, warmup)
     compiles = [g for s in steps for g in s.graphs if g.kind == "compile"]
-    findings = (recompile_findings(steps, loops, script, probe.fallback_lines, probe.models)
+    dump = getattr(probe, "graph_dump", None)
+    findings = (recompile_findings(steps, loops, script, probe.fallback_lines, probe.models,
+                                   dump.graphs if dump is not None else None)
                 + fallback_findings(probe, steps, loops, script) + sync_findings(steps, loops))
     fallback_total = sum(n for s in steps for op, n in s.fallbacks.items() if op != SCALAR_READ_OP)
     long_warmup = {f.extra["step"] for f in findings if "warmup_steps" in f.extra}

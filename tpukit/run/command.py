@@ -53,6 +53,7 @@ class RunRequest:
     html: Path | None = None
     target: str | None = None  # None: see torchtpu.resolve_target
     eager_mode: str | None = None
+    explain_graphs: bool = False  # dump every graph's HLO to diff recompiled graphs
 
 
 def choose_device(env: dict) -> str | None:
@@ -106,6 +107,19 @@ def _debug_log_path(env: dict) -> tuple[Path, bool]:
     return Path(name), True
 
 
+def _graph_dump(env: dict):
+    """--explain-graphs: torch_xla writes each graph's HLO, with the Python line of every
+    instruction, to a file of ours (read once, at torch_xla's import)."""
+    from tpukit.run.graphs import GraphDump
+
+    base = Path(tempfile.mkdtemp(prefix="tpukit-graphs-")) / "graphs.hlo"
+    env["XLA_SAVE_TENSORS_FILE"] = str(base)
+    env["XLA_SAVE_TENSORS_FMT"] = "hlo"
+    env["XLA_HLO_DEBUG"] = "1"
+    env["XLA_IR_DEBUG"] = "1"
+    return GraphDump(base)
+
+
 def run_command(request: RunRequest) -> int:
     display = request.script or f"-m {request.module}"
     if request.script is not None:
@@ -135,11 +149,14 @@ def run_command(request: RunRequest) -> int:
 
     log = None
     log_path, ours = None, False
+    dump = None
     if "torch_xla" not in sys.modules:  # the debug file is read once, at torch_xla's import
         log_path, ours = _debug_log_path(os.environ)
         os.environ["PT_XLA_DEBUG_LEVEL"] = "2"
         os.environ["PT_XLA_DEBUG_FILE"] = str(log_path)
         log = DebugLog(log_path, skip_existing=not ours)
+        if request.explain_graphs:
+            dump = _graph_dump(os.environ)
     try:
         import torch_xla  # noqa: F401  (the runtime the script will use)
     except ImportError as exc:
@@ -163,6 +180,7 @@ def run_command(request: RunRequest) -> int:
             request, probe, display, Outcome(0, "running"), time.perf_counter() - start, cuda,
             partial=True))
     probe = Probe(log, request.max_steps, fan_out(profiler, live))
+    probe.graph_dump = dump
     probe.install()
     try:
         outcome = run_target(request.script, request.module, request.args, (StopRun,))
@@ -177,6 +195,9 @@ def run_command(request: RunRequest) -> int:
             log.close()
         if ours and log_path is not None:
             log_path.unlink(missing_ok=True)
+        if dump is not None:
+            dump.read_new()
+            dump.remove()
     report, failed = _report(request, probe, display, outcome, wall, cuda, profiler=profiler)
     summary = report.summary
     _emit(request, report, lambda: print_summary(summary, sys.stderr))

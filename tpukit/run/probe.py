@@ -166,6 +166,7 @@ class Probe:
         self._tracer = None
         self._params: dict[type, list[str]] = {}
         self.launches: list[dict] = []  # launches run in this process (torch_xla.launch, ...)
+        self.graph_dump = None  # a graphs.GraphDump with --explain-graphs
         self.models: set[str] = set()  # class names of the outermost modules called
 
     # -- installation ---------------------------------------------------------------------
@@ -261,6 +262,8 @@ class Probe:
         for event in self.log.read_new() if self.log else []:
             event.step = step.index
             step.graphs.append(event)
+        if self.graph_dump is not None:  # a step's worth at a time: the dump grows every step
+            self.graph_dump.read_new()
         base = self._base
         # The debug log names each launch in the step that made it; torch_xla's counter ticks
         # when a graph finishes, which can be after the next step started.

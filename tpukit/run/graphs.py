@@ -1,0 +1,192 @@
+"""`tpukit run --explain-graphs`: what differs between a recompiled graph and the last graph
+from the same line, named at the user's line.
+
+torch_xla writes the HLO of every graph it runs when XLA_SAVE_TENSORS_FILE is set (with
+XLA_SAVE_TENSORS_FMT=hlo and XLA_HLO_DEBUG=1 each instruction carries its Python
+source_file/source_line). Both are read once, when torch_xla starts, so the dump is on for the
+whole run, and torch_xla lowers every step's graph to HLO text for it: a diagnostic mode, not
+the default. The IR text format (XLA_SAVE_TENSORS_FMT=text) is not enough: it does not show a
+slice's bounds (`xla::select(%0)`), which is the commonest cause of all.
+
+    [ScheduleSyncTensorsGraph]
+    ...
+    ## BEGIN_GRAPH
+    HloModule IrToHlo.17, entry_computation_layout=...
+    ENTRY %IrToHlo.17 (p0.6: f32[100,4]) -> (...) {
+      %slice.7 = f32[5,4]{1,0} slice(f32[100,4]{1,0} %p0.6), slice={[0:5], [0:4]},
+          metadata={op_type="xla__select" ... source_file="/tmp/train.py" source_line=6}
+      ...
+    }
+    Graph Hash: 9ee3df8306339736e8f3119d12356ee
+    ## END_GRAPH
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%[\w.\-]+ = (?P<shape>.+?) (?P<op>[a-z][\w\-]*)\(")
+_SOURCE = re.compile(r'source_file="(?P<file>[^"]*)" source_line=(?P<line>\d+)')
+_METADATA = re.compile(r",?\s*metadata=\{[^}]*\}")
+_NAME = re.compile(r"%[\w.\-]+")
+
+
+@dataclass(frozen=True)
+class Op:
+    op: str  # the HLO opcode: slice, constant, all-reduce, ...
+    shape: str
+    detail: str  # operand shapes and attributes, without instruction names and metadata
+    path: str
+    line: int
+
+    @property
+    def key(self) -> tuple:
+        return self.op, self.path, self.line
+
+
+def parse_instruction(text: str) -> Op | None:
+    match = _INSTRUCTION.match(text)
+    if match is None:
+        return None
+    start = match.end()
+    depth, end = 1, start
+    while end < len(text) and depth:
+        depth += {"(": 1, ")": -1}.get(text[end], 0)
+        end += 1
+    operands, rest = text[start:end - 1], text[end:]
+    source = _SOURCE.search(rest)
+    detail = _NAME.sub("", operands).strip() + _METADATA.sub("", rest)
+    return Op(match["op"], match["shape"], " ".join(detail.split()),
+              source["file"] if source else "", int(source["line"]) if source else 0)
+
+
+def parse_graph(lines: list[str]) -> list[Op]:
+    return [op for op in map(parse_instruction, lines) if op is not None]
+
+
+class GraphDump:
+    """The graphs of the dump by hash, the first time each was seen; read as the file grows."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base  # torch_xla writes BASE.0 (one file per device ordinal)
+        self.graphs: dict[str, list[Op]] = {}
+        self._offsets: dict[Path, int] = {}
+        self._pending: list[str] = []
+
+    def files(self) -> list[Path]:
+        return sorted(self.base.parent.glob(self.base.name + ".*"))
+
+    def read_new(self) -> None:
+        for path in self.files():
+            with open(path, "rb") as stream:
+                stream.seek(self._offsets.get(path, 0))
+                data = stream.read()
+            end = data.rfind(b"\n") + 1
+            self._offsets[path] = self._offsets.get(path, 0) + end
+            for line in data[:end].decode("utf-8", "replace").splitlines():
+                self._feed(line)
+
+    def _feed(self, line: str) -> None:
+        if line.startswith("## BEGIN_GRAPH"):
+            self._pending = []
+        elif line.startswith("Graph Hash:"):
+            graph_hash = line.partition(":")[2].strip()
+            if graph_hash not in self.graphs:  # steady state: the same graph again, skipped
+                self.graphs[graph_hash] = parse_graph(self._pending)
+            self._pending = []
+        else:
+            self._pending.append(line)
+
+    def remove(self) -> None:
+        for path in self.files():
+            path.unlink(missing_ok=True)
+
+
+@dataclass
+class Difference:
+    what: str  # said at the finding
+    path: str
+    line: int
+    op: str
+    kind: str  # changed | added | removed
+
+
+def diff_graphs(before: list[Op], after: list[Op], is_user_file) -> Difference | None:
+    """The first difference between two graphs at a user's line (else the first at all):
+    an instruction whose attributes or shape changed, or one present in one graph only."""
+    matcher = difflib.SequenceMatcher(None, [o.key for o in before], [o.key for o in after],
+                                      autojunk=False)
+    found: list[Difference] = []
+    for tag, a0, a1, b0, b1 in matcher.get_opcodes():
+        if tag == "equal":
+            for old, new in zip(before[a0:a1], after[b0:b1]):
+                if (old.shape, old.detail) != (new.shape, new.detail):
+                    found.append(_changed(old, new))
+            continue
+        for op in before[a0:a1]:
+            found.append(Difference(f"`{op.op}` ({op.shape}) is in the earlier graph only",
+                                    op.path, op.line, op.op, "removed"))
+        for op in after[b0:b1]:
+            found.append(Difference(f"`{op.op}` ({op.shape}) is new in this graph",
+                                    op.path, op.line, op.op, "added"))
+    if not found:
+        return None
+    return next((d for d in found if d.path and is_user_file(d.path)), found[0])
+
+
+def _changed(old: Op, new: Op) -> Difference:
+    if old.shape != new.shape:
+        what = f"`{new.op}` {old.shape} -> {new.shape}"
+    else:
+        a, b = _differing_part(old.detail, new.detail)
+        what = f"`{new.op}` {a} -> {b}"
+    return Difference(what, new.path, new.line, new.op, "changed")
+
+
+def _differing_part(a: str, b: str) -> tuple[str, str]:
+    """The attribute that differs (`slice={[0:5], [0:4]}`), not the whole instruction."""
+    parts_a, parts_b = _attributes(a), _attributes(b)
+    for x, y in zip(parts_a, parts_b):
+        if x != y:
+            return x, y
+    return a, b
+
+
+def _attributes(detail: str) -> list[str]:
+    """`f32[100,4]{1,0}, slice={[0:5], [0:4]}` -> its comma-separated parts, brackets kept."""
+    parts, depth, current = [], 0, ""
+    for char in detail:
+        depth += {"{": 1, "[": 1, "(": 1, "}": -1, "]": -1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return parts + [current.strip()] if current.strip() else parts
+
+
+FIXES = {
+    "slice": "a slice at a Python-int offset that changes per step is baked into the graph, "
+             "one compile per offset: keep the data on the host and move each slice to the "
+             "device, or index with a tensor (`torch.index_select(x, 0, start + "
+             "torch.arange(n, device=x.device))`)",
+    "dynamic-slice": "the slice's size changes: slice a fixed size and mask the rest",
+    "constant": "a Python number that varies per step is baked into the graph as a constant: "
+                "make it a tensor on the device (`torch.tensor(value, device=device)`)",
+    "all-reduce": "a collective runs in some steps only (DistributedDataParallel under "
+                  "`no_sync()` / gradient accumulation): expected once per accumulation cycle; "
+                  "if every step differs, keep the sync pattern the same each step",
+}
+
+
+def fix_for(difference: Difference) -> str:
+    if difference.op in FIXES:
+        return FIXES[difference.op]
+    if difference.kind in ("added", "removed"):
+        return ("an op runs in some steps only (a step-dependent Python branch): run the same "
+                "ops every step and choose with `torch.where`, or keep each variant's graph "
+                "stable")
+    return "the value that changed comes from Python: make it a tensor on the device"
