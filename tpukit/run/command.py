@@ -157,6 +157,9 @@ def run_command(request: RunRequest) -> int:
         log = DebugLog(log_path, skip_existing=not ours)
         if request.explain_graphs:
             dump = _graph_dump(os.environ)
+    elif request.explain_graphs:
+        print("tpukit: warning: --explain-graphs: torch_xla was imported before tpukit run, so "
+              "its graphs cannot be dumped", file=sys.stderr, flush=True)
     try:
         import torch_xla  # noqa: F401  (the runtime the script will use)
     except ImportError as exc:

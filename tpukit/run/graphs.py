@@ -101,8 +101,13 @@ class GraphDump:
             self._pending.append(line)
 
     def remove(self) -> None:
+        """The dump files and their folder (tpukit's own temporary one)."""
         for path in self.files():
             path.unlink(missing_ok=True)
+        try:
+            self.base.parent.rmdir()
+        except OSError:  # not empty: something else wrote there; leave it
+            pass
 
 
 @dataclass
