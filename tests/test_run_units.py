@@ -286,3 +286,18 @@ def test_a_difference_at_a_user_line_is_preferred_to_one_in_library_code():
     before = _hlo(library.replace("f32[2]", "f32[3]"), CONST.format(value="1"))
     after = _hlo(library, CONST.format(value="5"))
     assert diff_graphs(before, after, _user).line == 12
+
+
+def test_findings_are_ordered_by_what_they_cost():
+    # A host read that waited 3 s outranks a recompile that took 0.5 s; a fallback's own time
+    # is not measured, so it comes after both.
+    slow = [HostRead("item", "train.py", 30, 4, wait_s=0.5)]
+    steps = [_step(i, reads=slow, fallbacks={"aten::nonzero": 1} if i == 4 else None)
+             for i in range(1, 7)]
+    steps[4] = _compiling(5, reads=slow)
+    steps[4].compile_s = 0.5
+    analysis = analyse(_probe_with(steps), warmup=2, script="train.py")
+    assert [f.code for f in analysis.findings][:2] == ["TPU703", "TPU701"]
+    assert analysis.findings[0].extra["wait_s"] == 3.0 and "3.00 s waiting" in analysis.findings[0].message
+    assert analysis.summary["host_wait_s"] == 3.0
+    assert [f.code for f in analysis.findings].index("TPU702") == 2

@@ -305,9 +305,11 @@ def sync_findings(steps: list[Step], loops: Loops) -> list[Finding]:
     for step in steps:
         for read in step.reads:
             entry = per_line.setdefault((read.path, read.line), {
-                "count": 0, "bytes": 0, "methods": Counter(), "steps": set(), "loops": Counter()})
+                "count": 0, "bytes": 0, "wait_s": 0.0, "methods": Counter(), "steps": set(),
+                "loops": Counter()})
             entry["count"] += 1
             entry["bytes"] += read.nbytes
+            entry["wait_s"] += read.wait_s
             entry["methods"][read.method] += 1
             entry["steps"].add(step.index)
             entry["loops"][Loops.key(step)] += 1
@@ -323,14 +325,26 @@ def sync_findings(steps: list[Step], loops: Loops) -> list[Finding]:
         hot = bool(steady) and reading >= len(steady) / 2
         shown = f"`.{method}()`" if not method.startswith("__") else f"`{method[2:-2]}(tensor)`"
         message = (f"{shown} copies device data to the host {entry['count']} time(s) "
-                   f"({rate:.2g} per step after warm-up, {entry['bytes']} bytes in all): the host "
+                   f"({rate:.2g} per step after warm-up, {entry['bytes']} bytes in all, "
+                   f"{entry['wait_s']:.2f} s waiting): the host "
                    f"waits for the device{' every step' if hot else ''}. "
                    f"Fix: {fixes.get(method, 'read it outside the step')}")
         findings.append(finding(
             "TPU703", message, where, None if hot else Severity.INFO, method=method,
             count=entry["count"], per_step=round(rate, 4), bytes=entry["bytes"],
-            steps=sorted(entry["steps"])[:50]))
+            wait_s=round(entry["wait_s"], 6), steps=sorted(entry["steps"])[:50]))
     return findings
+
+
+def cost_s(finding: Finding) -> float:
+    """The seconds a finding cost the run, where it is known: a recompile's compile time, a
+    host read's waiting. (A CPU fallback's own time is not measured: 0.)"""
+    return finding.extra.get("compile_s") or finding.extra.get("wait_s") or 0.0
+
+
+def by_cost(findings: list[Finding]) -> list[Finding]:
+    """Dearest first; the ones of unknown cost after, in the order they were made."""
+    return sorted(findings, key=lambda f: -cost_s(f))
 
 
 def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
@@ -338,9 +352,9 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
     loops = Loops(steps, warmup)
     compiles = [g for s in steps for g in s.graphs if g.kind == "compile"]
     dump = getattr(probe, "graph_dump", None)
-    findings = (recompile_findings(steps, loops, script, probe.fallback_lines, probe.models,
-                                   dump.graphs if dump is not None else None)
-                + fallback_findings(probe, steps, loops, script) + sync_findings(steps, loops))
+    findings = by_cost(recompile_findings(steps, loops, script, probe.fallback_lines, probe.models,
+                                          dump.graphs if dump is not None else None)
+                       + fallback_findings(probe, steps, loops, script) + sync_findings(steps, loops))
     fallback_total = sum(n for s in steps for op, n in s.fallbacks.items() if op != SCALAR_READ_OP)
     long_warmup = {f.extra["step"] for f in findings if "warmup_steps" in f.extra}
     main = loops.main()
@@ -365,6 +379,7 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
         "recompiles_in_long_warmup": sum(s.compiles for s in steps if s.index in long_warmup),
         "fallbacks": fallback_total,
         "host_syncs": sum(len(s.reads) for s in steps),
+        "host_wait_s": round(sum(r.wait_s for s in steps for r in s.reads), 6),
         "host_transfers": sum(s.transfers for s in steps),
         "stopped_early": probe.stopped_early,
         "step_records": [{**s.to_dict(), "warmup": not loops.steady(s)} for s in steps],

@@ -241,6 +241,11 @@ def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda
         from tpukit.run.profile import summarise
 
         summary["profile"] = summarise(profiler)
+    # Where the run's time went, as shares of its wall time (fallbacks' own time is unmeasured).
+    summary["time_shares"] = {
+        "compile": round(summary["compile_s"] / wall, 4) if wall > 0 else 0.0,
+        "host_wait": round(summary["host_wait_s"] / wall, 4) if wall > 0 else 0.0,
+    }
     findings = cuda + analysis.findings + advice["findings"]
     failed = analysis.failures(request.fail_on)
     summary["failed_on"] = failed
@@ -394,6 +399,13 @@ def _recompiles_text(summary: dict) -> str:
     return f"{total} ({which} in a warm-up longer than --warmup: see TPU701)"
 
 
+def _shares_text(summary: dict) -> str:
+    shares = summary.get("time_shares") or {}
+    return (f"compiling {shares.get('compile', 0):.0%} ({summary['compile_s']:.2f} s), host "
+            f"waiting on reads {shares.get('host_wait', 0):.0%} ({summary.get('host_wait_s', 0):.2f} s);"
+            " findings below, dearest first")
+
+
 def print_summary(summary: dict, stream) -> None:
     table = Table(title=f"tpukit run: {summary['script']} on {summary['device']}", show_header=False)
     table.add_column("what", style="bold")
@@ -414,6 +426,7 @@ def print_summary(summary: dict, stream) -> None:
         ("CPU fallbacks", str(summary["fallbacks"])),
         ("host reads", f"{summary['host_syncs']} ({summary['host_transfers']} transfers)"),
         ("wall time", f"{summary['wall_s']:.2f} s"),
+        ("where it went", _shares_text(summary)),
     ]
     rows[1:1] = [("launch", f"{Path(launch['path']).name}:{launch['line']} ran in this process "
                             "at world size 1") for launch in summary["launches"]]

@@ -80,6 +80,7 @@ class HostRead:
     path: str
     line: int
     nbytes: int
+    wait_s: float = 0.0  # time in the read: the pending graph run and the copy, host waiting
 
 
 @dataclass
@@ -473,16 +474,19 @@ class Probe:
                     or (method == "to" and not _to_host(args, kwargs))):
                 return original(tensor, *args, **kwargs)
             probe._reading = True
+            began = time.perf_counter()
             try:
                 return original(tensor, *args, **kwargs)
             finally:
+                waited = time.perf_counter() - began
                 probe._reading = False
                 where = user_frame(sys._getframe(1))
                 if where is not None:
                     nbytes = tensor.element_size() * (1 if method in ("item", "__bool__", "__int__",
                                                                      "__float__", "__index__")
                                                       else tensor.numel())
-                    probe.current.reads.append(HostRead(method, where[0], where[1], nbytes))
+                    probe.current.reads.append(HostRead(method, where[0], where[1], nbytes,
+                                                        waited))
 
         return read
 
