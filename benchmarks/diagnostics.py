@@ -26,7 +26,7 @@ BIN = Path(sys.executable).parent
 CASES = {
     "shape_change.py": (["--steps", "10"], [],
                         ["size = 6 if step == 6 else 8", "length = 12 if step < 8"]),
-    "varlen.py": ([], [], ["return (pad_sequence(tokens"]),
+    "varlen.py": ([], [], ["def pad_to_longest(samples):", "return (pad_sequence(tokens"]),
     "fallback_sync.py": ([], [], ["positive = torch.nonzero(labels)", "total += loss.item()"]),
     "slice_offset.py": (["--steps", "6"], ["--explain-graphs"], ["chunk = corpus[i:i + bptt]"]),
 }

@@ -71,6 +71,18 @@ def test_varlen_gets_bucket_advice_at_the_loader_line(varlen):
     assert report["summary"]["distinct_graphs"] >= extra["distinct_sizes"]
 
 
+def test_a_length_that_varies_names_the_collate_fn_that_pads(varlen, bucketed):
+    _, _, report = varlen
+    found = [f for f in report["findings"] if f["code"] == "TPU701" and f["extra"]["changes"]]
+    assert found and all(f["extra"]["collate"] == {
+        "name": "pad_to_longest", "path": str(RUN / "varlen.py"),
+        "line": line_of(RUN / "varlen.py", "def pad_to_longest")} for f in found)
+    assert "collate_fn `pad_to_longest` (varlen.py:" in found[0]["message"]
+    _, _, bucketed_report = bucketed
+    # tpukit's own BucketCollate is not the user's code: never named as the place to fix
+    assert not [f for f in bucketed_report["findings"] if "collate" in f.get("extra", {})]
+
+
 def test_the_advised_buckets_bound_the_compiles_and_keep_the_losses(varlen, bucketed):
     _, proc, report = varlen
     advice, bucketed_proc, bucketed_report = bucketed

@@ -213,6 +213,11 @@ def _recompile(step: Step, event, previous: Step | None, compile_s: float,
         return None, message, extra
     what = "; ".join(describe(c) for c in changes)
     message = f"; changed since step {previous.index}: {what}. Fix: {_shape_fix(changes)}"
+    if step.collate and not all(c["dims"] == [0] for c in changes):
+        name, path, line = step.collate
+        message += (f"; the batches are made by the loader's collate_fn `{name}` "
+                    f"({Path(path).name}:{line}): pad there")
+        extra["collate"] = {"name": name, "path": path, "line": line}
     return None, message, extra
 
 

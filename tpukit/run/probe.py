@@ -105,6 +105,9 @@ class Step:
     # (each micro-step's) do not end the step; the optimizer step's does.
     micro_steps: int = 0
     optimizer_steps: int = 0
+    # The user's collate_fn that made this step's batches (name, path, line of its def): where
+    # a fix for a batch shape that varies goes.
+    collate: tuple[str, str, int] | None = None
 
     @property
     def wall_s(self) -> float:
@@ -407,6 +410,7 @@ class Probe:
             batch = original(iterator)
             if threading.current_thread() is probe._main:  # MpDeviceLoader's workers are not
                 probe._record_batch(batch)
+                probe.current.collate = _user_function(getattr(iterator, "_collate_fn", None))
             return batch
 
         return next_batch
@@ -525,6 +529,16 @@ class StepListener:
 
     def close(self) -> None:
         pass
+
+
+def _user_function(fn) -> tuple[str, str, int] | None:
+    """(name, path, line) of a function or callable object defined in the user's code."""
+    code = getattr(fn, "__code__", None) or getattr(getattr(type(fn), "__call__", None),
+                                                    "__code__", None)
+    if code is None or not is_user_file(code.co_filename):
+        return None
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return name, code.co_filename, code.co_firstlineno
 
 
 class _FanOut(StepListener):
