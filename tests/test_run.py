@@ -310,6 +310,29 @@ def test_without_explain_graphs_the_finding_says_how_to_get_the_difference(tmp_p
     assert "--explain-graphs" in found[0]["message"]
 
 
+@pytest.mark.parametrize("explain", [True, False])
+def test_a_loop_with_no_barrier_is_named_with_where_the_barrier_goes(tmp_path, explain):
+    script = RUN / "no_barrier.py"
+    out = tmp_path / "report.json"
+    proc = subprocess.run([tpukit_executable(), "run", "--json", str(out),
+                           *(["--explain-graphs"] if explain else []), str(script)],
+                          env={**os.environ, "NO_COLOR": "1", **CPU}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (found,) = [f for f in by_code(json.loads(out.read_text()), "TPU701")
+                if f["extra"].get("kind") == "no-barrier"]
+    assert found["line"] == line_of(script, "{loss.item():.4f}")
+    assert "6 different graphs from this line within one step" in found["message"]
+    if explain:
+        sizes = found["extra"]["sizes"]
+        assert len(sizes) == 6 and sizes == sorted(sizes) and sizes[0] < sizes[-1]
+        update = line_of(script, "w -= 0.01 * w.grad")
+        assert f"add `torch_xla.sync()` after line {update}" in found["message"]
+        assert f"grew from {sizes[0]} to {sizes[-1]} HLO instructions" in found["message"]
+    else:
+        assert found["extra"]["sizes"] == [] and "--explain-graphs" in found["message"]
+
+
 # A loop that runs until it is stopped: bounded, so a child the test fails to stop still ends
 # (~2 min); it says "ready" once torch_xla is up.
 ENDLESS = ("import time\nimport torch\nimport torch_xla\n"

@@ -133,11 +133,51 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
         # One cause, one finding: a ragged last batch recompiles every graph of its step.
         findings += [_cause_finding(step, severity, cause, graphs, len(compiled))
                      for (severity, cause), graphs in causes.items()]
+        findings += _unbarriered(step, graphs or {}, script)
         if not step.graphs and step.compiles and loops.steady(step):  # no debug log to read
             findings.append(finding(
                 "TPU701", f"step {step.index}: XLA compiled {step.compiles} new graph(s) "
                 f"({step.compile_s:.2f} s) after warm-up", step.boundary_at or (script, 1),
                 step=step.index, compile_s=step.compile_s))
+    return findings
+
+
+GROWING = 3  # distinct graphs from one line within one step: a loop that nothing ends
+
+
+def _unbarriered(step: Step, graphs: dict, script: str) -> list[Finding]:
+    """A line that compiled GROWING+ different graphs within one step: a loop with no barrier,
+    whose every iteration carries the ops still pending from the one before (a hand-written
+    update never materialised), so each graph is new and, with the HLO at hand, bigger."""
+    by_line: dict[tuple[str, int], list] = {}
+    for event in step.graphs:
+        line = _graph_line(event)
+        if event.kind == "compile" and line is not None:
+            by_line.setdefault(line, []).append(event)
+    findings = []
+    for where, events in by_line.items():
+        hashes = list(dict.fromkeys(e.graph_hash for e in events))
+        if len(hashes) < GROWING:
+            continue
+        sizes = [len(graphs[h]) for h in hashes if h in graphs]
+        grew = ""
+        end = "at the end of each iteration of the loop around this line"
+        if len(sizes) == len(hashes) and sizes == sorted(sizes) and sizes[-1] > sizes[0]:
+            grew = (f", and the graph grew from {sizes[0]} to {sizes[-1]} HLO instructions over "
+                    f"{len(sizes)} graphs")
+            last = max((op.line for op in graphs[hashes[-1]] if op.path == where[0]), default=0)
+            if last:
+                end = f"after line {last}, the last of the loop's ops, in each iteration"
+        elif not graphs:
+            grew = " (`--explain-graphs` shows whether each graph grows)"
+        message = (f"step {step.index}: XLA compiled {len(hashes)} different graphs from this line "
+                   f"within one step ({step.compile_s:.2f} s of compiling in the step){grew}: "
+                   "nothing ends the loop's iterations, so each one's graph carries the ops still "
+                   "pending from the one before (an update that is never materialised). Fix: "
+                   f"add `torch_xla.sync()` {end}")
+        findings.append(finding("TPU701", message, where, step=step.index,
+                                compile_s=round(step.compile_s, 6), graphs=hashes,
+                                kind="no-barrier", sizes=sizes))
     return findings
 
 

@@ -498,6 +498,10 @@ class Probe:
     def _arm_tracer(self) -> None:
         if not self._trace_next or self._traced_steps >= MAX_TRACED_STEPS:
             return
+        if self.graph_dump is not None:
+            # torch_xla gives each op of the dump one Python frame, the innermost: under the
+            # tracer that is the tracer's own, for every op of the step, not the user's line.
+            return
         from tpukit.run.tracer import FallbackTracer
 
         self._traced_steps += 1
