@@ -29,6 +29,8 @@ CASES = {
     "varlen.py": ([], [], ["def pad_to_longest(samples):", "return (pad_sequence(tokens"]),
     "fallback_sync.py": ([], [], ["positive = torch.nonzero(labels)", "total += loss.item()"]),
     "slice_offset.py": (["--steps", "6"], ["--explain-graphs"], ["chunk = corpus[i:i + bptt]"]),
+    "branch.py": ([], ["--explain-graphs"], ["loss = loss + 0.01 * model.weight.abs().sum()"]),
+    "no_barrier.py": ([], ["--explain-graphs"], ["w -= 0.01 * w.grad"]),
 }
 
 

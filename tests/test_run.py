@@ -333,6 +333,22 @@ def test_a_loop_with_no_barrier_is_named_with_where_the_barrier_goes(tmp_path, e
         assert found["extra"]["sizes"] == [] and "--explain-graphs" in found["message"]
 
 
+def test_explain_graphs_names_the_ops_a_step_dependent_branch_adds(tmp_path):
+    script = RUN / "branch.py"
+    out = tmp_path / "report.json"
+    proc = subprocess.run([tpukit_executable(), "run", "--json", str(out), "--explain-graphs",
+                           str(script)], env={**os.environ, "NO_COLOR": "1", **CPU},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (found,) = by_code(json.loads(out.read_text()), "TPU701")  # step 4: the branch's graph
+    branch = line_of(script, "loss = loss + 0.01 * model.weight.abs().sum()")
+    assert found["extra"]["step"] == 4 and found["line"] == branch
+    diff = found["extra"]["graph_diff"]
+    assert diff["kind"] == "added" and diff["line"] == branch and diff["ops"][0] < diff["ops"][1]
+    assert "are new in this graph" in found["message"] and "`abs`" in found["message"]
+    assert "torch.where" in found["message"]
+
+
 # A loop that runs until it is stopped: bounded, so a child the test fails to stop still ends
 # (~2 min); it says "ready" once torch_xla is up.
 ENDLESS = ("import time\nimport torch\nimport torch_xla\n"

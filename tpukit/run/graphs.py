@@ -139,7 +139,15 @@ def diff_graphs(before: list[Op], after: list[Op], is_user_file) -> Difference |
                                     op.path, op.line, op.op, "added"))
     if not found:
         return None
-    return next((d for d in found if d.path and is_user_file(d.path)), found[0])
+    first = next((d for d in found if d.path and is_user_file(d.path)), found[0])
+    if first.kind != "changed":  # say the whole block that one line adds or drops
+        same = [d for d in found if (d.kind, d.path, d.line) == (first.kind, first.path, first.line)]
+        ops = list(dict.fromkeys(d.op for d in same))
+        shown = ", ".join(f"`{op}`" for op in ops[:5]) + (", ..." if len(ops) > 5 else "")
+        where = "new in this graph" if first.kind == "added" else "in the earlier graph only"
+        first.what = f"{len(same)} instruction(s) ({shown}) are {where}"
+        first.op = "all-reduce" if "all-reduce" in ops else first.op
+    return first
 
 
 def _changed(old: Op, new: Op) -> Difference:
@@ -188,7 +196,7 @@ FIXES = {
 
 
 def fix_for(difference: Difference) -> str:
-    if difference.op in FIXES:
+    if difference.op == "all-reduce" or (difference.op in FIXES and difference.kind == "changed"):
         return FIXES[difference.op]
     if difference.kind in ("added", "removed"):
         return ("an op runs in some steps only (a step-dependent Python branch): run the same "
