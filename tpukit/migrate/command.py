@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from tpukit.config import Config
+from tpukit.config import Config, real_path
 from tpukit.findings import FileError
 from tpukit.migrate.files import FileResult, Job, Mode, discover, display_path, run_jobs
 from tpukit.render import Format, Report, render
@@ -38,11 +38,11 @@ class MigrateRequest:
 
 
 def _mirror(path: Path, base: Path, out_dir: Path) -> Path:
-    return out_dir / path.resolve().relative_to(base)
+    return out_dir / real_path(path).relative_to(base)
 
 
 def _base_of(paths: list[Path]) -> Path:
-    folders = [p.resolve() if p.is_dir() else p.resolve().parent for p in paths]
+    folders = [real_path(p) if p.is_dir() else real_path(p).parent for p in paths]
     return Path(os.path.commonpath([str(f) for f in folders]))
 
 
@@ -61,11 +61,11 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
     cfg = request.config
     exclude = list(cfg.exclude)
     if request.out_dir is not None:
-        out = request.out_dir.resolve()
+        out = real_path(request.out_dir)
         exclude.append(out.as_posix())
     files = discover(request.paths, exclude, cfg.root)
     if request.out_dir is not None:
-        files = [f for f in files if out not in f.resolve().parents]
+        files = [f for f in files if out not in real_path(f).parents]
     rules = select_rules(*_selection(request))
     codes = tuple(r.code for r in rules)
     base = _base_of(request.paths)

@@ -58,6 +58,11 @@ def string_value(expr: cst.BaseExpression) -> str | None:
     return None
 
 
+def integer_value(expr: cst.BaseExpression) -> int | None:
+    """The value of an integer literal in any base (`0xFF`, `0o17`, `1_000`), else None."""
+    return expr.evaluated_value if isinstance(expr, cst.Integer) else None
+
+
 def is_cuda_device_string(expr: cst.BaseExpression) -> bool:
     """"cuda", "cuda:0", f"cuda:{rank}", "cuda:%d" % r, "cuda:{}".format(r), "cuda:" + str(r)."""
     value = string_value(expr)

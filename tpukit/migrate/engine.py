@@ -84,7 +84,12 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
             triggers |= transforms[-1].extra_triggers(source)
     layout = Layout(module, source, tuple(sorted(triggers)))
     rewriter = Rewriter(ctx, HookTable(transforms), layout)
-    new_module = module.visit(rewriter)
+    try:
+        new_module = module.visit(rewriter)
+    except (RecursionError, MigrationBug):
+        raise
+    except Exception as exc:  # a rule's bug: said at the statement it was rewriting
+        raise MigrationBug(f"{type(exc).__name__}: {exc}", _line_of(ctx.current_top, layout)) from exc
     if not ctx.reports:
         return Migration(source, source)
     findings = _findings(ctx, module, layout, path)
@@ -118,7 +123,19 @@ def _set_eager_mode(module: cst.Module, ctx: MigrationContext, mode: str) -> cst
 
 
 class MigrationBug(Exception):
-    """tpukit produced code that does not compile: the file is left as it was."""
+    """tpukit failed on this file (a rule raised, or its output would not compile): the file is
+    left as it was. `line`: where, when known."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+def _line_of(top: cst.CSTNode | None, layout: Layout) -> int | None:
+    """The first code line of a top-level statement (after its leading blank lines)."""
+    if top is None or id(top) not in layout.first_line:
+        return None
+    return layout.first_line[id(top)] + len(getattr(top, "leading_lines", ()))
 
 
 def compiles(source: str, path: str) -> SyntaxError | None:
@@ -138,8 +155,7 @@ def _check_still_python(source: str, new_source: str, path: str) -> None:
             return  # newer syntax than this interpreter reads; libcst parsed it, so keep going
         raise MigrationBug(
             f"the rewrite would not compile (line {exc.lineno}: {exc.msg}); file left unchanged, "
-            "please report this"
-        )
+            "please report this")
 
 
 def _positions(module: cst.Module, layout: Layout, reports) -> dict:

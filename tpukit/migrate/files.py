@@ -19,6 +19,7 @@ from typing import Iterator
 import libcst as cst
 
 from tpukit.atomic import atomic_write
+from tpukit.config import real_path
 from tpukit.findings import FileError, Finding
 from tpukit.migrate.engine import MigrateOptions, MigrationBug, compiles, migrate_source
 from tpukit.rules import load_rules
@@ -59,7 +60,7 @@ def _excluded(path: Path, patterns: list[str], root: Path) -> bool:
     if not patterns:
         return False
     try:
-        rel = path.resolve().relative_to(root.resolve()).as_posix()
+        rel = real_path(path).relative_to(real_path(root)).as_posix()
     except ValueError:
         rel = path.as_posix()
     parts = rel.split("/")
@@ -102,7 +103,7 @@ def display_path(path: Path) -> str:
     # abspath, not resolve: a symlink is shown under its own name.
     absolute = Path(os.path.abspath(path))
     try:
-        return absolute.relative_to(Path.cwd().resolve()).as_posix()
+        return absolute.relative_to(real_path(Path.cwd())).as_posix()
     except ValueError:
         return path.as_posix()
 
@@ -172,7 +173,7 @@ def process(job: Job) -> FileResult:
         result.error = _syntax_error(job.display, source, exc)
         return result
     except MigrationBug as exc:
-        result.error = FileError(job.display, f"internal error: {exc}")
+        result.error = FileError(job.display, f"internal error in tpukit: {exc}", exc.line or 1)
         return result
     except RecursionError:
         result.error = FileError(job.display, "too deeply nested for the parser")

@@ -1,0 +1,60 @@
+"""What real library code taught us (issue 17: 13 packages, 3.5M lines): crashes, splats the
+rules cannot see, CUDA-only code under availability guards, per-rank saves, and the files."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tpukit.migrate.engine import MigrateOptions, MigrationBug, migrate_source
+from tpukit.rules import select_rules
+
+ALL = MigrateOptions(rules=select_rules([], []))
+
+
+def migrate(source: str, options: MigrateOptions = ALL):
+    return migrate_source(textwrap.dedent(source).lstrip("\n"), "lib.py", options)
+
+
+def out(source: str) -> str:
+    return migrate(source).new_source
+
+
+def fixed_point(source: str) -> str:
+    new = out(source)
+    assert migrate_source(new, "lib.py", ALL).new_source == new
+    return new
+
+
+# -- crashes ------------------------------------------------------------------------------
+@pytest.mark.parametrize("literal,value", [("0xFF", 255), ("0o17", 15), ("0b1000000", 64),
+                                           ("1_024", 1024)])
+def test_integer_literals_of_every_base_are_read(literal, value):
+    new = out(f"import torch\nx = torch.randn(2).cuda()\nmask = {literal}\nhead_dim = {literal}\n")
+    assert f"mask = {literal}\n" in new and ".cuda()" not in new
+    head_dims = [f.extra.get("head_dim") for f in migrate(
+        f"import torch\nx = torch.randn(2).cuda()\nhead_dim = {literal}\n").findings
+        if f.code == "TPU504"]
+    assert head_dims == ([value] if value % 128 else [])
+
+
+def test_a_rule_that_raises_is_reported_at_its_statement(monkeypatch):
+    from tpukit.migrate.transforms import devices
+
+    def broken(self, original, updated):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(devices.CudaMethod, "leave_Call", broken)
+    with pytest.raises(MigrationBug) as info:
+        migrate("import torch\n\n\nx = 1\ny = torch.randn(2).cuda()\n")
+    assert info.value.line == 5 and "ValueError: boom" in str(info.value)
+
+
+def test_a_symlink_loop_on_the_command_line_is_one_error(tmp_path, run_cli):
+    (tmp_path / "loop.py").symlink_to(tmp_path / "loop.py")
+    (tmp_path / "ok.py").write_text("import torch\nx = torch.zeros(2).cuda()\n")
+    proc = run_cli("migrate", "loop.py", "ok.py", cwd=tmp_path, check_rc=2)
+    assert "loop.py:1:1: error: cannot read:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert ".cuda()" not in (tmp_path / "ok.py").read_text()
