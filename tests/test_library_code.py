@@ -58,3 +58,45 @@ def test_a_symlink_loop_on_the_command_line_is_one_error(tmp_path, run_cli):
     assert "loop.py:1:1: error: cannot read:" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert ".cuda()" not in (tmp_path / "ok.py").read_text()
+
+
+# -- splats: an argument a rule cannot see is never dropped, a keyword never collides -------
+SPLAT_HEADER = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data.distributed import DistributedSampler
+scaler = torch.cuda.amp.GradScaler()
+"""
+
+
+@pytest.mark.parametrize("call,expected", [
+    ("DDP(model, **kwargs)", "DDP(model, **kwargs)"),
+    ("DDP(module, *args, **kwargs)", "DDP(module, *args, **kwargs)"),
+    ("DDP(model, device_ids=[rank], **kw)", "DDP(model, **kw)"),
+    ("DistributedSampler(ds, **kw)", "DistributedSampler(ds, **kw)"),
+    ("dist.init_process_group(backend='nccl', **kw)", "dist.init_process_group(backend='xla', **kw)"),
+    ("dist.init_process_group(**kw)", "dist.init_process_group(**kw)"),
+    ("scaler.step(opt, **kw)", "opt.step(**kw)"),
+    ("scaler.step(opt, *args)", "opt.step(*args)"),
+    ("torch.compile(fn, **cfg)", "torch.compile(fn, **cfg)"),
+    ("torch.autocast('cuda', **kw)", "torch.autocast('cuda', **kw)"),
+    ("torch.utils.data.DataLoader(ds, **kw)", "torch.utils.data.DataLoader(ds, **kw)"),
+    ("x.cuda(**kw)", "x.cuda(**kw)"),
+    ("torch.cuda.manual_seed(*seeds)", "torch.cuda.manual_seed(*seeds)"),
+])
+def test_splats_are_kept_and_keywords_never_collide_with_them(call, expected):
+    new = fixed_point(SPLAT_HEADER + f"result = {call}\n")
+    assert f"result = {expected}\n" in new
+
+
+def test_a_splat_the_rewrite_would_lose_is_a_finding_for_a_person():
+    found = {f.code: f for f in migrate(SPLAT_HEADER + "f = torch.compile(fn, **cfg)\n"
+                                        "m = DDP(model, **kwargs)\n").findings}
+    assert not found["TPU408"].applied and "`backend=` may be in `**cfg`" in found["TPU408"].message
+    assert not found["TPU402"].applied and "**kwargs" in found["TPU402"].message
+
+
+def test_sampler_positional_arguments_keep_their_places():
+    new = out(SPLAT_HEADER + "s = DistributedSampler(ds, None, None, False)\n")
+    assert "DistributedSampler(ds, xr.world_size(), xr.global_ordinal(), False)" in new

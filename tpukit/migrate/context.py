@@ -100,6 +100,16 @@ def find_keyword(call: cst.Call, name: str) -> cst.Arg | None:
     return next((a for a in call.args if a.keyword and a.keyword.value == name), None)
 
 
+def plain_positional(call: cst.Call) -> list[cst.Arg]:
+    """The positional arguments before any `*args` (whose positions a rule can know)."""
+    plain = []
+    for arg in call.args:
+        if arg.keyword is not None or arg.star:
+            break
+        plain.append(arg)
+    return plain
+
+
 def keyword_arg(name: str, expr: cst.BaseExpression) -> cst.Arg:
     """`name=expr`, spaced as PEP 8 writes keyword arguments."""
     return cst.Arg(expr, keyword=cst.Name(name), equal=cst.AssignEqual(

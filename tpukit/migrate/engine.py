@@ -17,7 +17,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
 
 from tpukit.config import EAGER_MODES
-from tpukit.findings import Finding, Location
+from tpukit.findings import Finding, FixKind, Location
 from tpukit.migrate import helpers
 from tpukit.migrate.context import IMPORTS, MigrationContext, dotted
 from tpukit.migrate.prune import Layout
@@ -244,12 +244,13 @@ class Rewriter(cst.CSTTransformer):
         elif isinstance(node, cst.BaseSuite):
             ctx.enter_block(node)
         for hook in self.hooks.visit.get(type(node).__name__, ()):
+            reported = len(ctx.reports)
             plan = hook(node)
             if plan is not None:
                 if isinstance(plan, StatementPlan):
                     self.statement_plans[node] = plan
                 else:
-                    self.planned[node] = plan
+                    self.planned[node] = _unless_splats_lost(ctx, node, plan, reported)
                 return False
         return True
 
@@ -279,9 +280,10 @@ class Rewriter(cst.CSTTransformer):
             if not isinstance(updated, cst.SimpleStatementLine) or updated in self.removed_lines:
                 return updated
         for hook in self.hooks.leave.get(type(original).__name__, ()):
+            reported = len(self.ctx.reports)
             result = hook(original, updated)
             if result is not None:
-                updated = result
+                updated = _unless_splats_lost(self.ctx, updated, result, reported)
                 if isinstance(updated, (cst.FlattenSentinel, cst.RemovalSentinel)):
                     return updated
         if isinstance(updated, cst.SimpleStatementLine):
@@ -367,6 +369,40 @@ class Rewriter(cst.CSTTransformer):
                 )
             )
         return block.with_changes(body=body)
+
+
+def _arg_code(arg: cst.Arg) -> str:
+    return arg.star + _EMPTY.code_for_node(arg.value)
+
+
+_EMPTY = cst.Module(body=[])
+
+
+def _unless_splats_lost(ctx: MigrationContext, before: cst.CSTNode, after: cst.CSTNode,
+                        reported: int) -> cst.CSTNode:
+    """A call's `*args` and `**kwargs` hold arguments no rule can see: a rewrite of the call
+    that drops one, or that adds a keyword a `**kwargs` may already hold (a TypeError at run
+    time), is not applied; the rule's findings from it say so, for a person to port."""
+    if not (isinstance(before, cst.Call) and isinstance(after, cst.Call)) or before is after:
+        return after
+    splats = [a for a in before.args if a.star]
+    if not splats:
+        return after
+    kept = {_arg_code(a) for a in after.args if a.star}
+    lost = [a for a in splats if _arg_code(a) not in kept]
+    had = {a.keyword.value for a in before.args if a.keyword}
+    added = [a.keyword.value for a in after.args if a.keyword and a.keyword.value not in had]
+    double = next((a for a in splats if a.star == "**"), None)
+    if not lost and not (added and double is not None):
+        return after
+    why = (f"`{_arg_code(lost[0])}` would be dropped" if lost else
+           f"`{added[0]}=` may be in `{_arg_code(double)}` already (a TypeError)")
+    for report in ctx.reports[reported:]:
+        report.applied = False
+        report.fix = FixKind.NONE
+        report.message += (f"; not rewritten: {why}, and tpukit cannot see what it holds: "
+                           "port this call by hand")
+    return before
 
 
 def _removal_comment(comments: list[str], trailing: cst.TrailingWhitespace) -> str:

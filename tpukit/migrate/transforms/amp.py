@@ -216,9 +216,12 @@ class GradScaler(Transform):
             )
         if method == "step" and updated.args:
             optimizer = updated.args[0].value
+            # scaler.step(opt, *args, **kwargs) passes the rest to opt.step: kept.
+            rest = with_commas(list(updated.args[1:]))
             return self.fix_or_report(
                 original, f"`{self.ctx.short(original)}` -> a plain optimizer step (bf16)",
-                lambda: cst.Call(func=cst.Attribute(value=optimizer, attr=cst.Name("step"))),
+                lambda: cst.Call(func=cst.Attribute(value=optimizer, attr=cst.Name("step")),
+                                 args=rest),
             )
         if method == "get_scale":
             return self.fix_or_report(original, "no loss scale in bf16: 1.0", lambda: cst.Float("1.0"))

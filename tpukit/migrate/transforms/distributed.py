@@ -14,13 +14,16 @@ import re
 
 import libcst as cst
 
+from tpukit.findings import FixKind
 from tpukit.migrate.context import (
     dotted,
     find_keyword,
     keyword_arg,
+    plain_positional,
     string_value,
     terminal_name,
     with_commas,
+    with_string,
 )
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
 
@@ -81,27 +84,37 @@ class ProcessGroup(Transform):
     def visit_Call(self, node: cst.Call):
         if self.ctx.qualify(node.func) != INIT_PROCESS_GROUP:
             return None
-        backend = node.args[0] if node.args and node.args[0].keyword is None else find_keyword(node, "backend")
+        plain = plain_positional(node)
+        backend = plain[0] if plain and node.args[0] is plain[0] else find_keyword(node, "backend")
         if backend is not None and (string_value(backend.value) or "").startswith(self.ctx.device_type):
             return None  # "xla"; "tpu", "tpu_dist"
-        kept = [a for a in node.args if a.keyword and a.keyword.value not in (
-            "backend", "init_method", "rank", "world_size", "store")]
+        # `**kwargs` may set init_method, rank or world_size: they stay, and only a backend
+        # that is written out changes (adding one could collide with the splat).
+        splat = any(a.star for a in node.args)
+        kept = [a for a in node.args if a.star or (a.keyword and a.keyword.value not in (
+            "backend", "init_method", "rank", "world_size", "store"))]
         func = self.ctx.code(node.func)
+        message = self.say("group", "`{code}`: the process group uses the XLA backend; "
+                           '`init_method="xla://"` takes rank and world size from the launcher '
+                           "(torch_xla.launch or torchrun)", code=self.ctx.short(node))
+        if splat and backend is None:
+            self.ctx.report(self.rule, node, message + "; the backend is in a splat tpukit "
+                            "cannot see: set it there", applied=False, fix=FixKind.NONE)
+            return None
 
         def build():
             self.ctx.side_effect_imports.update(self.mapping.get("imports", ()))
-            if "backend" in self.mapping:  # only the backend changes; the rest stays PyTorch's
-                return self._with_backend(node, backend, self.mapping["backend"])
+            if "backend" in self.mapping or splat:  # only the backend changes
+                return self._with_backend(node, backend, self.mapping.get("backend", "xla"))
             call = self.ctx.expr(f'{func}("xla", init_method="xla://")')
             return call.with_changes(args=with_commas(list(call.args) + kept))
 
-        return self.fix_or_report(
-            node, self.say("group", "`{code}`: the process group uses the XLA backend; "
-                           '`init_method="xla://"` takes rank and world size from the launcher '
-                           "(torch_xla.launch or torchrun)", code=self.ctx.short(node)), build)
+        return self.fix_or_report(node, message, build)
 
     def _with_backend(self, node: cst.Call, backend: cst.Arg | None, name: str) -> cst.Call:
         value = self.ctx.expr(f'"{name}"')
+        if backend is not None and isinstance(backend.value, cst.SimpleString):
+            value = with_string(backend.value, name)  # the file's own quotes
         if backend is None:
             return node.with_changes(args=with_commas([keyword_arg("backend", value), *node.args]))
         return node.with_changes(args=[a.with_changes(value=value) if a is backend else a
@@ -137,10 +150,19 @@ class DistributedDataParallelArgs(Transform):
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if self.ctx.qualify(original.func) not in DDP_NAMES or not original.args:
             return None
-        dropped = [a for a in updated.args[1:] if (a.keyword is None and a is updated.args[1])
+        second = updated.args[1] if len(updated.args) > 1 else None
+        dropped = [a for a in updated.args[1:] if (a is second and a.keyword is None and not a.star)
                    or (a.keyword and a.keyword.value in ("device_ids", "output_device"))]
-        bucket_view = self.mapping.get("bucket_view", False)
+        # A splat may hold device_ids, or gradient_as_bucket_view itself: kept as it is.
+        splat = next((a for a in updated.args if a.star), None)
+        bucket_view = self.mapping.get("bucket_view", False) and splat is None
         bucket = find_keyword(original, "gradient_as_bucket_view")
+        if splat is not None and not dropped:
+            self.ctx.report(self.rule, original, self.say(
+                "ddp_splat", "`{code}`: an XLA process has one device: if `{splat}` passes "
+                "device_ids or output_device, drop them there", code=self.ctx.short(original),
+                splat=self.ctx.code(splat).rstrip(", ")), applied=False, fix=FixKind.NONE)
+            return None
         if not dropped and (bucket is not None or not bucket_view):
             return None
 
@@ -327,24 +349,38 @@ class SamplerReplicas(Transform):
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if self.ctx.qualify(original.func) not in SAMPLER_NAMES or not original.args:
             return None
-        replicas, rank = find_keyword(original, "num_replicas"), find_keyword(original, "rank")
+        plain = plain_positional(original)
+        replicas = find_keyword(original, "num_replicas") or (plain[1] if len(plain) > 1 else None)
+        rank = find_keyword(original, "rank") or (plain[2] if len(plain) > 2 else None)
         if (replicas is not None and rank is not None and self.ctx.code(replicas.value) == "xr.world_size()"
                 and self.ctx.code(rank.value) == "xr.global_ordinal()"):
             return None
-        dataset = next((a for a in updated.args if a.keyword is None), None) or find_keyword(updated, "dataset")
-        if dataset is None:
+        message = (f"`{self.ctx.short(original)}`: each process reads its shard; the replica "
+                   "count and rank come from torch_xla's runtime")
+        if any(a.star for a in updated.args):
+            self.ctx.report(self.rule, original, message + " (`num_replicas=xr.world_size(), "
+                            "rank=xr.global_ordinal()`); the call passes a splat tpukit cannot "
+                            "see into: set them there", applied=False, fix=FixKind.NONE)
+            return None
+        positional = plain_positional(updated)
+        if not positional and find_keyword(updated, "dataset") is None:
             return None
 
         def build():
-            args = [dataset] + [a for a in updated.args if a.keyword is not None
-                                and a.keyword.value not in ("num_replicas", "rank", "dataset")]
-            args.insert(1, _arg("num_replicas", "xr.world_size()", self.ctx))
-            args.insert(2, _arg("rank", "xr.global_ordinal()", self.ctx))
+            # DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last): the
+            # replica count and rank are replaced where they stand; the rest is kept.
+            values = {1: _arg("num_replicas", "xr.world_size()", self.ctx),
+                      2: _arg("rank", "xr.global_ordinal()", self.ctx)}
+            args = [a.with_changes(value=values[i].value) if i in values else a
+                    for i, a in enumerate(positional)]
+            args += [values[i] for i in values if i >= len(positional)]
+            args += [a for a in updated.args if a.keyword is not None
+                     and a.keyword.value not in ("num_replicas", "rank")]
+            if not positional:  # dataset=... first, as written
+                args.sort(key=lambda a: a.keyword.value != "dataset")
             return updated.with_changes(args=with_commas(args))
 
-        return self.fix_or_report(
-            original, f"`{self.ctx.short(original)}`: each process reads its shard; the replica "
-            "count and rank come from torch_xla's runtime", build)
+        return self.fix_or_report(original, message, build)
 
 
 @transform("TPU408")
