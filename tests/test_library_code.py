@@ -100,3 +100,40 @@ def test_a_splat_the_rewrite_would_lose_is_a_finding_for_a_person():
 def test_sampler_positional_arguments_keep_their_places():
     new = out(SPLAT_HEADER + "s = DistributedSampler(ds, None, None, False)\n")
     assert "DistributedSampler(ds, xr.world_size(), xr.global_ordinal(), False)" in new
+
+
+# -- availability guards over CUDA-only code ----------------------------------------------
+def test_a_guard_over_a_cuda_stream_stays_false_on_xla():
+    source = """
+    import torch
+
+    def stream(device):
+        if torch.cuda.is_available():
+            return torch.cuda.Stream(device)
+        return None
+    """
+    result = migrate(source)
+    assert result.new_source == textwrap.dedent(source).lstrip("\n")
+    guard = next(f for f in result.findings if f.code == "TPU110")
+    assert not guard.applied and "torch.cuda.Stream" in guard.message
+
+
+@pytest.mark.parametrize("guarded,rewritten", [
+    ("torch.cuda.synchronize()", True),
+    ("n = torch.cuda.device_count()", True),
+    ("import cupy", False),
+    ("x = x.cuda(**kw)", False),
+    ("s = torch.cuda.Stream()", False),
+    ("if torch.cuda.is_available():\n        e = torch.cuda.Event()", False),
+])
+def test_a_guard_is_rewritten_only_when_what_it_guards_is_migrated(guarded, rewritten):
+    new = fixed_point(f"import torch\nif torch.cuda.is_available() and x:\n    {guarded}\n")
+    assert ("torch.cuda.is_available() and x" not in new) is rewritten
+
+
+def test_a_negated_guard_looks_at_its_else_branch():
+    new = fixed_point("import torch\nif not torch.cuda.is_available():\n    pass\n"
+                      "else:\n    s = torch.cuda.Stream()\n")
+    assert "if not torch.cuda.is_available():" in new
+    cond = fixed_point("import torch\ns = torch.cuda.Stream() if torch.cuda.is_available() else None\n")
+    assert "if torch.cuda.is_available() else None" in cond
