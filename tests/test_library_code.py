@@ -137,3 +137,20 @@ def test_a_negated_guard_looks_at_its_else_branch():
     assert "if not torch.cuda.is_available():" in new
     cond = fixed_point("import torch\ns = torch.cuda.Stream() if torch.cuda.is_available() else None\n")
     assert "if torch.cuda.is_available() else None" in cond
+
+
+# -- per-rank saves -----------------------------------------------------------------------
+@pytest.mark.parametrize("save", [
+    'torch.save(state, f"rng_state_{rank}.pth")',
+    'torch.save(rng_states, os.path.join(output_dir, f"rng_state_{self.args.process_index}.pth"))',
+    'output_rng_file = output_dir.joinpath(f"{RNG_STATE_NAME}_{process_index}.pkl")\n'
+    'torch.save(states, output_rng_file)',
+])
+def test_a_file_per_rank_is_still_written_by_every_rank(save):
+    new = fixed_point(f"import torch\nx = torch.zeros(1).cuda()\n{save}\n")
+    assert "master_only=False)" in new and "torch.save(" not in new
+
+
+def test_one_checkpoint_for_all_ranks_is_written_by_the_master():
+    new = out('import torch\nx = torch.zeros(1).cuda()\ntorch.save(model.state_dict(), "m.pt")\n')
+    assert 'xm.save(model.state_dict(), "m.pt")\n' in new
