@@ -154,3 +154,47 @@ def test_a_file_per_rank_is_still_written_by_every_rank(save):
 def test_one_checkpoint_for_all_ranks_is_written_by_the_master():
     new = out('import torch\nx = torch.zeros(1).cuda()\ntorch.save(model.state_dict(), "m.pt")\n')
     assert 'xm.save(model.state_dict(), "m.pt")\n' in new
+
+
+# -- devices that are None, indices or not devices at all ----------------------------------
+def test_cuda_with_a_none_default_device_moves_to_the_xla_device():
+    new = fixed_point("import torch\ndef move(x, device=None):\n    return x.cuda(device)\n")
+    assert "return x.to(torch_xla.device())\n" in new
+
+
+def test_current_device_used_as_a_device_is_the_device_not_its_index():
+    new = fixed_point("""
+    import torch
+    n = torch.cuda.current_device()
+    model.to(torch.cuda.current_device())
+    m = load(device_map={"": torch.cuda.current_device()})
+    """)
+    assert "n = torch_xla.device().index\n" in new
+    assert "model.to(torch_xla.device())\n" in new
+    assert 'device_map={"": torch_xla.device()}' in new
+
+
+@pytest.mark.parametrize("source", [
+    "key = f\"{'cuda' if is_cuda else 'cpu'}_time_total\"\n",
+    "key = ('cuda' if is_cuda else 'cpu') + '_time_total'\n",
+    "device = 'cuda'\nbackend = getattr(torch, device)\n",
+    "def pick(device_type='cuda'):\n    return getattr(torch, device_type)\n",
+])
+def test_strings_that_are_not_devices_keep_their_cuda(source):
+    new = fixed_point("import torch\nx = torch.zeros(1).cuda()\n" + source)
+    assert new.endswith(source)
+
+
+def test_device_strings_built_from_a_choice_still_become_xla():
+    new = fixed_point("import torch\nd = f\"{'cuda' if c else 'cpu'}:{rank}\"\n")
+    assert "d = f\"{'xla' if c else 'cpu'}:{rank}\"\n" in new
+
+
+def test_a_batch_sampler_is_not_a_dataloader():
+    new = fixed_point("""
+    import torch
+    batch_sampler.sampler.set_epoch(epoch)
+    for indices in batch_sampler:
+        x = torch.zeros(1).cuda()
+    """)
+    assert "for indices in batch_sampler:\n" in new and "MpDeviceLoader" not in new

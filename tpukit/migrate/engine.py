@@ -131,6 +131,10 @@ class MigrationBug(Exception):
         self.line = line
 
 
+def _is_none(expr: cst.BaseExpression | None) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "None"
+
+
 def _line_of(top: cst.CSTNode | None, layout: Layout) -> int | None:
     """The first code line of a top-level statement (after its leading blank lines)."""
     if top is None or id(top) not in layout.first_line:
@@ -237,7 +241,9 @@ class Rewriter(cst.CSTTransformer):
                     ctx.bind_device(target.target.value)
         elif isinstance(node, (cst.FunctionDef, cst.Lambda)):
             params = node.params.params + node.params.kwonly_params + node.params.posonly_params
-            ctx.push_scope({p.name.value for p in params if p.name.value == "device"})
+            # `device=None` is no device: `.cuda(device)` there means the current one.
+            ctx.push_scope({p.name.value for p in params if p.name.value == "device"
+                            and not _is_none(p.default)})
             ctx.functions.append(node)
         elif isinstance(node, (cst.If, cst.For, cst.While)):
             ctx.enter_branches(node)

@@ -8,6 +8,8 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
   helper      a function from tpukit.migrate.helpers that `replace` uses
   instead     no rewrite: what to do instead (the finding's message)
   when        a regular expression the call's source must match for the entry to apply
+  as_device   the `replace` template where the call's value is used as a device (`.to(...)`,
+              `device=`, `map_location=`, a `device_map` dict; `as_device_note`: its note)
   before_launch  the `replace` template to use instead in a launcher's scope (the function or
               top level that calls mp.spawn / torch_xla.launch), where the XLA runtime must
               not be initialised yet (`before_launch_note`: its note, `before_launch_helper`:
@@ -34,6 +36,8 @@ class CallMap(Transform):
         self.calls: dict[str, dict] = self.mapping.get("calls", {})
         # id() of a rewritten availability guard -> (the call as written, its report)
         self.guards: dict[int, tuple[cst.Call, object]] = {}
+        self.as_device = any("as_device" in entry for entry in self.calls.values())
+        self.device_arguments: set[int] = set()  # id() of expressions used as a device
 
     def _entry(self, call: cst.BaseExpression) -> tuple[str, dict] | tuple[None, None]:
         if not isinstance(call, cst.Call):
@@ -77,7 +81,22 @@ class CallMap(Transform):
             )
         return plan
 
+    def _mark_device_arguments(self, node: cst.Call) -> None:
+        """Remember the arguments of `node` that take a device, for the calls inside them."""
+        func = node.func
+        moves = isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda")
+        for i, arg in enumerate(node.args):
+            if (arg.keyword is None and not arg.star and i == 0
+                    and (moves or self.ctx.qualify(func) == "torch.device")) or (
+                    arg.keyword is not None and arg.keyword.value in DEVICE_KEYWORDS):
+                self.device_arguments.add(id(arg.value))
+                if isinstance(arg.value, cst.Dict):  # device_map={"": ...}
+                    self.device_arguments.update(
+                        id(e.value) for e in arg.value.elements if isinstance(e, cst.DictElement))
+
     def visit_Call(self, node: cst.Call):
+        if self.as_device:
+            self._mark_device_arguments(node)
         name, entry = self._entry(node)
         if entry is None:
             return None
@@ -90,7 +109,10 @@ class CallMap(Transform):
             self._manual(node, text)
             return None
         template = entry["replace"]
-        if "before_launch" in entry and self.ctx.in_launcher():
+        if "as_device" in entry and id(node) in self.device_arguments:
+            template = entry["as_device"]
+            entry = {**entry, "note": entry.get("as_device_note", entry.get("note"))}
+        elif "before_launch" in entry and self.ctx.in_launcher():
             template = entry["before_launch"]
             entry = {**entry, "note": entry.get("before_launch_note", entry.get("note")),
                      "helper": entry.get("before_launch_helper")}
@@ -142,6 +164,7 @@ class CallMap(Transform):
 
 
 GUARDS = {"torch.cuda.is_available", "torch.accelerator.is_available"}
+DEVICE_KEYWORDS = ("device", "map_location", "device_map")
 
 
 class _GuardUses(cst.CSTVisitor):

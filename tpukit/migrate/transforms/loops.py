@@ -28,8 +28,10 @@ HOST_READS = ("item", "tolist", "cpu", "numpy")
 
 
 def loader_names(ctx) -> set[str]:
-    return ctx.memo("loader_names", lambda: {*_LOADER_ASSIGN.findall(ctx.source),
-                                             *_LOADER_SAMPLER.findall(ctx.source)})
+    # A BatchSampler has a `.sampler` too (and yields lists of indices): `batch_sampler.
+    # sampler.set_epoch(...)` does not make `batch_sampler` a DataLoader.
+    return ctx.memo("loader_names", lambda: {*_LOADER_ASSIGN.findall(ctx.source), *(
+        name for name in _LOADER_SAMPLER.findall(ctx.source) if "sampler" not in name.lower())})
 
 
 def is_device_loader(expr: cst.BaseExpression) -> bool:
