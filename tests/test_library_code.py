@@ -198,3 +198,15 @@ def test_a_batch_sampler_is_not_a_dataloader():
         x = torch.zeros(1).cuda()
     """)
     assert "for indices in batch_sampler:\n" in new and "MpDeviceLoader" not in new
+
+
+# -- fused optimizers configured through a dict --------------------------------------------
+@pytest.mark.parametrize("line,expected", [
+    ('optimizer_kwargs.update({"fused": True})', 'optimizer_kwargs.update({"fused": False})'),
+    ('optimizer_kwargs["fused"] = True', 'optimizer_kwargs["fused"] = False'),
+    ('adam_kwargs = {"lr": lr, "fused": True}', 'adam_kwargs = {"lr": lr, "fused": False}'),
+    ('layer_cfg = {"fused": True}', 'layer_cfg = {"fused": True}'),  # not an optimizer's
+])
+def test_fused_optimizer_arguments_in_a_dict_are_turned_off(line, expected):
+    new = fixed_point(f"import torch\nx = torch.zeros(1).cuda()\n{line}\n")
+    assert new.endswith(f"{expected}\n")
