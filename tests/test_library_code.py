@@ -3,6 +3,8 @@ rules cannot see, CUDA-only code under availability guards, per-rank saves, and 
 
 from __future__ import annotations
 
+import os
+import stat
 import textwrap
 
 import pytest
@@ -210,3 +212,50 @@ def test_a_batch_sampler_is_not_a_dataloader():
 def test_fused_optimizer_arguments_in_a_dict_are_turned_off(line, expected):
     new = fixed_point(f"import torch\nx = torch.zeros(1).cuda()\n{line}\n")
     assert new.endswith(f"{expected}\n")
+
+
+# -- files and processes ------------------------------------------------------------------
+CUDA_FILE = "import torch\nx = torch.zeros(2).cuda()\n"
+
+
+def test_a_pep263_file_is_read_and_written_in_its_encoding(tmp_path, run_cli):
+    path = tmp_path / "legacy.py"
+    path.write_bytes(b'# -*- coding: latin-1 -*-\nimport torch\nname = "caf\xe9"\n'
+                     b"x = torch.zeros(2).cuda()\n")
+    run_cli("migrate", "legacy.py", cwd=tmp_path, check_rc=0)
+    data = path.read_bytes()
+    assert b'name = "caf\xe9"\n' in data and b".cuda()" not in data
+    compile(data, "legacy.py", "exec")  # Python reads it in the encoding it declares
+
+
+def test_a_killed_runs_temporary_files_are_removed_by_the_next_run(tmp_path, run_cli):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "train.py").write_text(CUDA_FILE)
+    stale = tmp_path / "pkg" / ".train.py.k3x_9qz1.tpukit"
+    stale.write_text("half")
+    keep = tmp_path / "pkg" / ".notes.tpukit"  # not of our naming
+    keep.write_text("mine")
+    run_cli("migrate", "pkg", cwd=tmp_path, check_rc=0)
+    assert not stale.exists() and keep.exists()
+    assert sorted(p.name for p in (tmp_path / "pkg").iterdir()) == [".notes.tpukit", "train.py"]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_a_rewritten_file_keeps_its_owner_and_mode(tmp_path, run_cli):
+    path = tmp_path / "train.py"
+    path.write_text(CUDA_FILE)
+    os.chown(path, 4321, 4322)
+    path.chmod(0o640)
+    run_cli("migrate", "train.py", cwd=tmp_path, check_rc=0)
+    info = path.stat()
+    assert ".cuda()" not in path.read_text()
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (4321, 4322, 0o640)
+
+
+def test_fixes_of_a_file_that_was_not_written_are_not_counted(tmp_path, run_cli):
+    path = tmp_path / "train.py"
+    path.write_text(CUDA_FILE)
+    path.chmod(0o444)
+    proc = run_cli("migrate", "train.py", cwd=tmp_path, check_rc=2)
+    assert "read-only" in proc.stderr
+    assert "(0 fixes applied)" in proc.stdout, proc.stdout
