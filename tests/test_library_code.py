@@ -259,3 +259,36 @@ def test_fixes_of_a_file_that_was_not_written_are_not_counted(tmp_path, run_cli)
     proc = run_cli("migrate", "train.py", cwd=tmp_path, check_rc=2)
     assert "read-only" in proc.stderr
     assert "(0 fixes applied)" in proc.stdout, proc.stdout
+
+
+# -- import side effects: what a package module runs when imported --------------------------
+PACKAGE_MODULE = """
+import torch
+
+FIRST_CUDA_DEVICE = torch.device("cuda", index=0)
+if torch.cuda.device_count() > 1:
+    pass
+
+def load(x, device: torch.device = torch.device("cuda"), index=torch.cuda.current_device()):
+    return x.to(torch.device("cuda")), torch.cuda.device_count()
+"""
+
+
+def test_a_package_module_does_not_start_the_runtime_when_imported(tmp_path):
+    (tmp_path / "__init__.py").write_text("")
+    module = tmp_path / "functional.py"
+    result = migrate_source(textwrap.dedent(PACKAGE_MODULE).lstrip("\n"), str(module), ALL)
+    new = result.new_source
+    assert 'FIRST_CUDA_DEVICE = torch.device("xla")\n' in new
+    assert "if _xla_launch_process_count() > 1:" in new
+    assert 'device: torch.device = torch.device("xla"), index=torch.cuda.current_device()' in new
+    # In the function body, at call time, the runtime may start.
+    assert "return x.to(torch_xla.device()), torch_xla.device_count()\n" in new
+    assert [f.code for f in result.findings if not f.applied] == ["TPU110"]
+    assert migrate_source(new, str(module), ALL).new_source == new
+
+
+def test_a_scripts_top_level_is_its_program():
+    new = out(PACKAGE_MODULE)
+    assert "FIRST_CUDA_DEVICE = torch_xla.device()\n" in new
+    assert "if torch_xla.device_count() > 1:" in new

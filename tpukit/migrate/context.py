@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 
@@ -238,10 +239,41 @@ class MigrationContext:
         # The target's device, as the device rule (TPU101) maps it: an object, what `.to()`
         # and `device=` take when the script has no device variable, and the type string.
         device = load_rules()["TPU101"].target(target)
-        self.device_object: str = device["replace"]
-        self.device_move: str = device.get("move_to", self.device_object)
+        self._device_object: str = device["replace"]
+        self._device_move: str = device.get("move_to", self._device_object)
+        # What names the device without starting the runtime (`torch.device("xla")`), for
+        # code a package module runs when it is imported.
+        self._device_at_import: str = device.get("at_import", self._device_object)
         self.device_type: str = device["device_type"]
         self.device_module: str = device["imports"][0]
+        # A module of a package runs its top level, its defaults and decorators when it is
+        # imported: the XLA runtime must not start there (a script's top level is its program).
+        name = Path(path).name if path else ""
+        self.package_module = bool(path) and (
+            name == "__init__.py" or (Path(path).parent / "__init__.py").is_file())
+        self.header_depth = 0  # inside parameters (defaults) and decorators of `functions`
+
+    def at_import_time(self) -> bool:
+        """Does the current code run when this package module is imported?"""
+        return self.package_module and len(self.functions) == self.header_depth
+
+    @property
+    def device_object_in_code(self) -> str:
+        """The target's device where code runs after import (in functions, in scripts)."""
+        return self._device_object
+
+    @property
+    def device_object(self) -> str:
+        """The target's device, as the device rule (TPU101) maps it."""
+        if self.at_import_time():
+            self.need_import(self.device_module)
+            return self._device_at_import
+        return self._device_object
+
+    @property
+    def device_move(self) -> str:
+        """What `.to()` and `device=` take when the script has no device variable."""
+        return self.device_object if self.at_import_time() else self._device_move
 
     # -- names -------------------------------------------------------------------
     def add_import(self, node: cst.Import) -> None:

@@ -245,6 +245,8 @@ class Rewriter(cst.CSTTransformer):
             ctx.push_scope({p.name.value for p in params if p.name.value == "device"
                             and not _is_none(p.default)})
             ctx.functions.append(node)
+        elif isinstance(node, (cst.Param, cst.Decorator)):
+            ctx.header_depth += 1  # evaluated where the def is, not when it is called
         elif isinstance(node, (cst.If, cst.For, cst.While)):
             ctx.enter_branches(node)
         elif isinstance(node, cst.BaseSuite):
@@ -266,6 +268,8 @@ class Rewriter(cst.CSTTransformer):
         if isinstance(original, (cst.FunctionDef, cst.Lambda)):
             self.ctx.pop_scope()
             self.ctx.functions.pop()
+        elif isinstance(original, (cst.Param, cst.Decorator)):
+            self.ctx.header_depth -= 1
         elif isinstance(original, cst.BaseSuite):
             self.ctx.leave_block(original)
         elif isinstance(original, cst.If):

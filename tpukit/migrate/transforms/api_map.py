@@ -116,6 +116,17 @@ class CallMap(Transform):
             template = entry["before_launch"]
             entry = {**entry, "note": entry.get("before_launch_note", entry.get("note")),
                      "helper": entry.get("before_launch_helper")}
+        elif self.ctx.at_import_time() and STARTS_RUNTIME.search(template):
+            if "before_launch" in entry:  # what runs before torch_xla.launch runs here too
+                template = entry["before_launch"]
+                entry = {**entry, "note": "this runs when the module is imported, where the "
+                         "XLA runtime must not start yet: " + entry.get("note", ""),
+                         "helper": entry.get("before_launch_helper")}
+            else:
+                self._manual(node, f"`{self._format(template, node)}` would start the XLA "
+                             "runtime when this module is imported; move the call into the "
+                             "function that needs it, then port it")
+                return None
         new = self._format(template, node)
 
         def build():
@@ -165,6 +176,8 @@ class CallMap(Transform):
 
 GUARDS = {"torch.cuda.is_available", "torch.accelerator.is_available"}
 DEVICE_KEYWORDS = ("device", "map_location", "device_map")
+# torch_xla calls that start the runtime (xr.device_type() only reads the environment).
+STARTS_RUNTIME = re.compile(r"torch_xla\.device(?:_count)?\(|\bxm\.|\bxr\.(?!device_type\()")
 
 
 class _GuardUses(cst.CSTVisitor):

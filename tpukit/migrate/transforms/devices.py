@@ -102,12 +102,13 @@ class CudaDevice(Transform):
         self.not_devices: set[int] = set()  # id() of expressions that build a non-device name
 
     def _to_xla_device(self, node: cst.CSTNode):
-        return self.fix_or_report(
-            node,
-            self.say("object", "`{code}` is a CUDA device; on TPU use the XLA device, "
-                     "`torch_xla.device()`", code=self.ctx.short(node)),
-            lambda: self.ctx.expr(self.ctx.device_object),
-        )
+        message = self.say("object", "`{code}` is a CUDA device; on TPU use the XLA device, "
+                           "`torch_xla.device()`", code=self.ctx.short(node))
+        device = self.ctx.device_object
+        if self.ctx.at_import_time() and device != self.ctx.device_object_in_code:
+            message += (f" (`{device}` here: this runs when the module is imported, where the "
+                        "XLA runtime must not start yet)")
+        return self.fix_or_report(node, message, lambda: self.ctx.expr(device))
 
     def _string_to_xla(self, node: cst.BaseExpression, context: str):
         def build():
