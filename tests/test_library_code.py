@@ -292,3 +292,26 @@ def test_a_scripts_top_level_is_its_program():
     new = out(PACKAGE_MODULE)
     assert "FIRST_CUDA_DEVICE = torch_xla.device()\n" in new
     assert "if torch_xla.device_count() > 1:" in new
+
+
+def test_current_device_sent_to_a_device_helper_is_the_device():
+    new = fixed_point("import torch\ndata = send_to_device(data, torch.cuda.current_device())\n")
+    assert "send_to_device(data, torch_xla.device())" in new
+
+
+def test_a_loader_accelerate_prepared_is_not_wrapped_again():
+    new = fixed_point("""
+    import torch
+    train_dl, model, optimizer = accelerator.prepare(train_dl, model, optimizer)
+    for batch in train_dl:
+        out = model(batch.cuda())
+    """)
+    assert "for batch in train_dl:\n" in new and "MpDeviceLoader" not in new
+    stepped = fixed_point("""
+    import torch
+    dl, model, opt = accelerator.prepare(dl, model, opt)
+    for batch in dl:
+        loss = model(batch.cuda())
+        opt.step()
+    """)
+    assert "torch_xla.sync()" not in stepped  # accelerate's loader cuts the graph per batch

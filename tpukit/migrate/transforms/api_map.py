@@ -24,7 +24,7 @@ import re
 import libcst as cst
 
 from tpukit.findings import FixKind
-from tpukit.migrate.context import dotted, is_cuda_device_string
+from tpukit.migrate.context import dotted, is_cuda_device_string, terminal_name
 from tpukit.migrate.transforms.base import StatementPlan, Transform, engine
 from tpukit.rules import load_rules
 
@@ -84,7 +84,10 @@ class CallMap(Transform):
     def _mark_device_arguments(self, node: cst.Call) -> None:
         """Remember the arguments of `node` that take a device, for the calls inside them."""
         func = node.func
+        # x.to(d), x.cuda(d), torch.device(d), send_to_device(batch, d): the first arguments
         moves = isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda")
+        if terminal_name(func).endswith("to_device"):
+            self.device_arguments.update(id(a.value) for a in node.args[:2] if not a.keyword)
         for i, arg in enumerate(node.args):
             if (arg.keyword is None and not arg.star and i == 0
                     and (moves or self.ctx.qualify(func) == "torch.device")) or (
