@@ -315,3 +315,14 @@ def test_a_loader_accelerate_prepared_is_not_wrapped_again():
         opt.step()
     """)
     assert "torch_xla.sync()" not in stepped  # accelerate's loader cuts the graph per batch
+
+
+def test_a_package_module_imports_torch_xla_where_only_functions_use_it(tmp_path):
+    (tmp_path / "__init__.py").write_text("")
+    module = str(tmp_path / "ops.py")
+    source = 'import torch\n\n\ndef move(x):\n    """Doc."""\n    return x.cuda()\n'
+    new = migrate_source(source, module, ALL).new_source
+    assert new == ('import torch\n\n\ndef move(x):\n    """Doc."""\n    import torch_xla\n'
+                   "    return x.to(torch_xla.device())\n")
+    assert migrate_source(new, module, ALL).new_source == new
+    compile(new, module, "exec")

@@ -19,7 +19,7 @@ from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionPr
 from tpukit.config import EAGER_MODES
 from tpukit.findings import Finding, FixKind, Location
 from tpukit.migrate import helpers
-from tpukit.migrate.context import IMPORTS, MigrationContext, dotted
+from tpukit.migrate.context import IMPORTS, MigrationContext, dotted, string_value
 from tpukit.migrate.prune import Layout
 from tpukit.migrate.transforms import load_transforms
 from tpukit.migrate.transforms.base import HookTable, StatementPlan, transform_for
@@ -457,6 +457,11 @@ def _fix_imports(module: cst.Module, ctx: MigrationContext) -> cst.Module:
         needed.update(helpers.IMPORTS_OF[helper])
     if not needed and not ctx.side_effect_imports:
         return module
+    if ctx.package_module and ctx.target == "xla" and not ctx.side_effect_imports \
+            and not ctx.helpers_needed:
+        local = _import_in_functions(module, needed, ctx)
+        if local is not None:
+            return local
     context = CodemodContext()
     for alias in sorted(needed):
         mod, asname = IMPORTS[alias]
@@ -464,6 +469,101 @@ def _fix_imports(module: cst.Module, ctx: MigrationContext) -> cst.Module:
     for mod in sorted(ctx.side_effect_imports):
         AddImportsVisitor.add_needed_import(context, mod)
     return AddImportsVisitor(context).transform_module(module)
+
+
+def _import_in_functions(module: cst.Module, needed: set[str],
+                         ctx: MigrationContext) -> cst.Module | None:
+    """A package module whose rewritten code uses torch_xla only in function bodies imports it
+    there, so that importing the module neither imports torch_xla nor needs it installed;
+    None when some use runs at import time (then the imports go at the top, as for scripts)."""
+    wanted = {a for a in needed if ctx.aliases.get(IMPORTS[a][1] or IMPORTS[a][0]) is None}
+    if not wanted:
+        return module
+    if "torch" in wanted:
+        return None
+    finder = _FunctionUses(wanted)
+    module.visit(finder)
+    if finder.at_import or not finder.uses:
+        return None
+    return module.visit(_AddLocalImports(finder.uses))
+
+
+class _FunctionUses(cst.CSTVisitor):
+    """Which outermost functions (module-level defs and methods of module-level classes) use
+    which of `aliases` (a "xla" string counts as torch_xla), and whether anything outside
+    them (import-time code: top level, class bodies, defaults, decorators) does."""
+
+    def __init__(self, aliases: set[str]) -> None:
+        self.aliases = aliases
+        self.uses: dict[int, set[str]] = {}  # id(outermost FunctionDef) -> aliases
+        self.at_import = False
+        self.outer: cst.FunctionDef | None = None
+        self.in_body = False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        if self.outer is not None:
+            return True
+        self.outer = node
+        for part in (*node.decorators, node.params, node.returns):
+            if part is not None:
+                part.visit(self)  # evaluated where the def is: import time
+        self.in_body = True
+        node.body.visit(self)
+        self.in_body, self.outer = False, None
+        return False
+
+    def visit_Import(self, node) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node) -> bool:
+        return False
+
+    def _use(self, alias: str) -> None:
+        if alias not in self.aliases:
+            return
+        if self.outer is None or not self.in_body or not isinstance(self.outer.body, cst.IndentedBlock):
+            self.at_import = True
+        else:
+            self.uses.setdefault(id(self.outer), set()).add(alias)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self._use(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)  # `x.xm` is not a use of xm
+        return False
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        if "xla" in node.value and string_value(node) in _NameUses.DEVICE_STRINGS:
+            self._use("torch_xla")
+
+
+class _AddLocalImports(cst.CSTTransformer):
+    def __init__(self, uses: dict[int, set[str]]) -> None:
+        self.uses = uses
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):
+        aliases = self.uses.get(id(original))
+        if not aliases:
+            return updated
+        lines = []
+        for alias in sorted(aliases):
+            mod, asname = IMPORTS[alias]
+            lines.append(cst.parse_statement(
+                f"import {mod} as {asname}\n" if asname else f"import {mod}\n"))
+        body = list(updated.body.body)
+        first = 1 if body and _is_docstring(body[0]) else 0
+        if first < len(body) and lines:
+            lines[0] = lines[0].with_changes(leading_lines=body[first].leading_lines)
+            body[first] = body[first].with_changes(leading_lines=())
+        body[first:first] = lines
+        return updated.with_changes(body=updated.body.with_changes(body=body))
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+            and isinstance(stmt.body[0], cst.Expr)
+            and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
 
 
 class _NameUses(cst.CSTVisitor):
