@@ -326,3 +326,28 @@ def test_a_package_module_imports_torch_xla_where_only_functions_use_it(tmp_path
                    "    return x.to(torch_xla.device())\n")
     assert migrate_source(new, module, ALL).new_source == new
     compile(new, module, "exec")
+
+
+def test_a_process_group_with_a_splat_keeps_its_rendezvous_and_is_a_fixed_point():
+    new = fixed_point("""
+    import os
+    import torch.distributed as dist
+    os.environ["MASTER_PORT"] = "29500"
+    dist.init_process_group(backend="nccl", world_size=int(os.environ["WORLD_SIZE"]), **kwargs)
+    """)
+    assert 'os.environ["MASTER_PORT"] = "29500"\n' in new  # env:// still needs it
+    assert 'backend="xla", world_size=xr.world_size(), **kwargs)' in new
+
+
+@pytest.mark.parametrize("backend", ["hccl", "cncl", "mccl", "xla"])
+def test_other_vendors_process_groups_are_not_ours(backend):
+    source = f"import torch\nimport torch.distributed as dist\ndist.init_process_group('{backend}')\n"
+    assert out(source) == source
+
+
+def test_a_barrier_of_a_group_is_not_a_rendezvous_of_all():
+    result = migrate("import torch.distributed as dist\nbackend = 'nccl'\ndist.barrier(group)\n"
+                     "dist.barrier()\n")
+    assert "dist.barrier(group)\n" in result.new_source
+    assert 'xm.rendezvous("barrier")\n' in result.new_source
+    assert [f.applied for f in result.findings if f.code == "TPU407"] == [False, True]

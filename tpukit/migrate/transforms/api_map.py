@@ -8,6 +8,7 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
   helper      a function from tpukit.migrate.helpers that `replace` uses
   instead     no rewrite: what to do instead (the finding's message)
   when        a regular expression the call's source must match for the entry to apply
+  otherwise   the finding's message for a call `when` does not match (no rewrite)
   as_device   the `replace` template where the call's value is used as a device (`.to(...)`,
               `device=`, `map_location=`, a `device_map` dict; `as_device_note`: its note)
   before_launch  the `replace` template to use instead in a launcher's scope (the function or
@@ -39,7 +40,8 @@ class CallMap(Transform):
         self.as_device = any("as_device" in entry for entry in self.calls.values())
         self.device_arguments: set[int] = set()  # id() of expressions used as a device
 
-    def _entry(self, call: cst.BaseExpression) -> tuple[str, dict] | tuple[None, None]:
+    def _entry(self, call: cst.BaseExpression,
+               report_otherwise: bool = False) -> tuple[str, dict] | tuple[None, None]:
         if not isinstance(call, cst.Call):
             return None, None
         name = self.ctx.qualify(call.func)
@@ -47,6 +49,8 @@ class CallMap(Transform):
         if entry is None:
             return None, None
         if "when" in entry and not re.search(entry["when"], self.ctx.code(call)):
+            if report_otherwise and "otherwise" in entry:
+                self._manual(call, entry["otherwise"])
             return None, None
         return name, entry
 
@@ -100,7 +104,7 @@ class CallMap(Transform):
     def visit_Call(self, node: cst.Call):
         if self.as_device:
             self._mark_device_arguments(node)
-        name, entry = self._entry(node)
+        name, entry = self._entry(node, report_otherwise=True)
         if entry is None:
             return None
         if "replace" not in entry:

@@ -39,6 +39,8 @@ RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT")
 # Names that hold a process's rank (used as a CUDA device index) in DDP code.
 RANK_NAMES = {"rank", "local_rank", "global_rank", "gpu_id", "gpu", "device_id", "local_gpu"}
 WORLD_NAMES = {"world_size", "world", "nprocs", "ngpus", "n_gpus", "num_gpus", "ngpus_per_node"}
+_GROUP_SPLAT = re.compile(r"init_process_group\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\*")
+_CUDA_OR_CPU_BACKEND = re.compile(r"\b(?:nccl|gloo)\b")  # "nccl", "cuda:nccl,cpu:gloo"
 COMPILE_MODES_WITHOUT_MEANING = {"reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}
 _RANK_ASSIGN = re.compile(
     r"(\w+)\s*=\s*(?:int\(\s*os\.environ\[\s*['\"](?:LOCAL_RANK|RANK)['\"]\s*\]\s*\)"
@@ -86,8 +88,9 @@ class ProcessGroup(Transform):
             return None
         plain = plain_positional(node)
         backend = plain[0] if plain and node.args[0] is plain[0] else find_keyword(node, "backend")
-        if backend is not None and (string_value(backend.value) or "").startswith(self.ctx.device_type):
-            return None  # "xla"; "tpu", "tpu_dist"
+        written = string_value(backend.value) if backend is not None else None
+        if written is not None and not _CUDA_OR_CPU_BACKEND.search(written):
+            return None  # "xla", "tpu_dist"; another vendor's ("hccl", "cncl"): not CUDA's
         # `**kwargs` may set init_method, rank or world_size: they stay, and only a backend
         # that is written out changes (adding one could collide with the splat).
         splat = any(a.star for a in node.args)
@@ -102,14 +105,34 @@ class ProcessGroup(Transform):
                             "cannot see: set it there", applied=False, fix=FixKind.NONE)
             return None
 
+        if "backend" in self.mapping or splat:
+            # Only the backend changes, on leave: the other arguments are rewritten as usual.
+            self.backend_only[node] = (message, None if backend is None else node.args.index(backend))
+            return None
+
         def build():
             self.ctx.side_effect_imports.update(self.mapping.get("imports", ()))
-            if "backend" in self.mapping or splat:  # only the backend changes
-                return self._with_backend(node, backend, self.mapping.get("backend", "xla"))
             call = self.ctx.expr(f'{func}("xla", init_method="xla://")')
             return call.with_changes(args=with_commas(list(call.args) + kept))
 
         return self.fix_or_report(node, message, build)
+
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.backend_only: dict[cst.Call, tuple[str, int | None]] = {}
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        planned = self.backend_only.pop(original, None)
+        if planned is None:
+            return None
+        message, at = planned
+
+        def build():
+            self.ctx.side_effect_imports.update(self.mapping.get("imports", ()))
+            backend = None if at is None else updated.args[at]
+            return self._with_backend(updated, backend, self.mapping.get("backend", "xla"))
+
+        return self.fix_or_report(original, message, build)
 
     def _with_backend(self, node: cst.Call, backend: cst.Arg | None, name: str) -> cst.Call:
         value = self.ctx.expr(f'"{name}"')
@@ -137,6 +160,8 @@ class ProcessGroup(Transform):
     def _remove_rendezvous(self, node: cst.CSTNode, key: str | None):
         if key not in RENDEZVOUS_ENV or self.mapping.get("rendezvous_env") == "keep":
             return None
+        if self.ctx.memo("group_splat", lambda: bool(_GROUP_SPLAT.search(self.ctx.source))):
+            return None  # a group whose splat keeps its init_method (env://) needs them
         text = self.ctx.short(node)
         return self.fix_or_report(
             node, f"`{text}` is removed: the XLA process group (`init_method=\"xla://\"`) finds "
