@@ -351,3 +351,23 @@ def test_a_barrier_of_a_group_is_not_a_rendezvous_of_all():
     assert "dist.barrier(group)\n" in result.new_source
     assert 'xm.rendezvous("barrier")\n' in result.new_source
     assert [f.applied for f in result.findings if f.code == "TPU407"] == [False, True]
+
+
+@pytest.mark.parametrize("test,body,kept", [
+    ('device.type == "cuda"', "state = torch.cuda.get_rng_state(device)", True),  # fairscale
+    ('device.type == "cuda"', "gpu_devices.append(device)", False),
+    ("t.is_cuda", "s = torch.cuda.current_stream()", True),
+    ("t.is_cuda", "t = t.float()", False),
+    ("torch.cuda.is_available()", "from .backends.cuda import ops as cuda_ops", True),  # bnb
+    ("torch.cuda.is_available()", "torch._inductor.cudagraph_mark_step_begin()", True),
+])
+def test_every_kind_of_guard_stays_over_cuda_only_code(test, body, kept):
+    source = f"import torch\nif {test}:\n    {body}\n"
+    new = fixed_point(source)
+    assert (f"if {test}:\n" in new) is kept
+
+
+def test_a_not_equal_guard_looks_at_its_else_branch():
+    new = fixed_point('import torch\nif device.type != "cuda":\n    pass\nelse:\n'
+                      "    state = torch.cuda.get_rng_state(device)\n")
+    assert 'if device.type != "cuda":\n' in new

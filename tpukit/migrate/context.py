@@ -224,6 +224,8 @@ class MigrationContext:
         self.side_effect_imports: set[str] = set()
         self.helpers_needed: set[str] = set()
         self.handled: set[int] = set()  # id() of nodes a rule already spoke for
+        # id() of a rewritten guard -> (what was written, its report, negated): guards.py
+        self.guards: dict[int, tuple[cst.CSTNode, Report, bool, cst.CSTNode]] = {}
         self.in_import = False
         self.claimed: set[str] = set()  # qualified names some active rule rewrites
         self.current_top: cst.CSTNode | None = None
@@ -424,6 +426,15 @@ class MigrationContext:
 
     def statement(self, template: str) -> cst.BaseSmallStatement:
         return cst.parse_statement(self._needs(template)).body[0]
+
+    def add_guard(self, replacement: cst.CSTNode, original: cst.CSTNode,
+                  negated: bool = False, shown: cst.CSTNode | None = None) -> None:
+        """`replacement` (just reported) rewrote part of what may be an `if` test: a guard,
+        put back by the engine if what it guards is not ported (guards.py). `negated`: the
+        test is true when the original was false (`device.type != "cuda"`); `shown`: what the
+        finding quotes (the comparison a literal is part of)."""
+        self.guards[id(replacement)] = (original, self.reports[-1], negated,
+                                        shown if shown is not None else original)
 
     def need_import(self, alias: str) -> None:
         self.imports_needed.add(alias)

@@ -19,15 +19,13 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
 
 from __future__ import annotations
 
-import functools
 import re
 
 import libcst as cst
 
 from tpukit.findings import FixKind
-from tpukit.migrate.context import dotted, is_cuda_device_string, terminal_name
+from tpukit.migrate.context import terminal_name
 from tpukit.migrate.transforms.base import StatementPlan, Transform, engine
-from tpukit.rules import load_rules
 
 
 @engine("call-map")
@@ -35,8 +33,6 @@ class CallMap(Transform):
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self.calls: dict[str, dict] = self.mapping.get("calls", {})
-        # id() of a rewritten availability guard -> (the call as written, its report)
-        self.guards: dict[int, tuple[cst.Call, object]] = {}
         self.as_device = any("as_device" in entry for entry in self.calls.values())
         self.device_arguments: set[int] = set()  # id() of expressions used as a device
 
@@ -143,121 +139,10 @@ class CallMap(Transform):
 
         replacement = self.fix_or_report(node, self._describe(node, new, entry), build)
         if replacement is not None and name in GUARDS:
-            self.guards[id(replacement)] = (node, self.ctx.reports[-1])
+            self.ctx.add_guard(replacement, node)
         return replacement
-
-    # -- availability guards ----------------------------------------------------------------
-    # `if torch.cuda.is_available(): return torch.cuda.Stream(device)`: on a TPU the guard
-    # is true once rewritten, and the CUDA-only code it guards would run. A guard is rewritten
-    # only when everything it guards is migrated; otherwise it stays as it was (False on a
-    # TPU VM: the other branch runs) and says why.
-    def leave_If(self, original: cst.If, updated: cst.If):
-        return self._guard(updated, updated.body, updated.orelse)
-
-    def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp):
-        return self._guard(updated, updated.body, updated.orelse)
-
-    def _guard(self, updated, body, orelse):
-        if not self.guards:
-            return None
-        found = _GuardUses(self.guards)
-        updated.test.visit(found)
-        restore = {}
-        for key, negated in found.uses.items():
-            guarded = orelse if negated else body
-            left = residual_cuda(self.ctx, guarded) if guarded is not None else None
-            if left is None:
-                continue
-            call, report = self.guards.pop(key)
-            restore[key] = call
-            report.applied = False
-            report.fix = FixKind.NONE
-            report.message = (
-                f"`{self.ctx.short(call)}` guards code that is still CUDA-only (`{left}`): "
-                "left as it is (False on a TPU, so the other branch runs); port what it "
-                "guards, then the guard")
-        if not restore:
-            return None
-        return updated.with_changes(test=updated.test.visit(_Restore(restore)))
-
 
 GUARDS = {"torch.cuda.is_available", "torch.accelerator.is_available"}
 DEVICE_KEYWORDS = ("device", "map_location", "device_map")
 # torch_xla calls that start the runtime (xr.device_type() only reads the environment).
 STARTS_RUNTIME = re.compile(r"torch_xla\.device(?:_count)?\(|\bxm\.|\bxr\.(?!device_type\()")
-
-
-class _GuardUses(cst.CSTVisitor):
-    """The rewritten guards in a test, each with whether it is negated (`not ...`)."""
-
-    def __init__(self, guards: dict) -> None:
-        self.guards = guards
-        self.uses: dict[int, bool] = {}
-        self.negations = 0
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if id(node) in self.guards:
-            self.uses[id(node)] = self.negations % 2 == 1
-            return False
-        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
-            self.negations += 1
-        return True
-
-    def on_leave(self, node: cst.CSTNode) -> None:
-        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
-            self.negations -= 1
-
-
-class _Restore(cst.CSTTransformer):
-    def __init__(self, originals: dict) -> None:
-        self.originals = originals
-
-    def on_leave(self, original, updated):
-        return self.originals.get(id(original), updated)
-
-
-def residual_cuda(ctx, node: cst.CSTNode) -> str | None:
-    """The first CUDA-only thing left in rewritten code (a torch.cuda name, a `.cuda()`
-    call, a "cuda" device string, a CUDA-only library), or None."""
-    finder = _ResidualCuda(ctx)
-    node.visit(finder)
-    return finder.found
-
-
-class _ResidualCuda(cst.CSTVisitor):
-    def __init__(self, ctx) -> None:
-        self.ctx = ctx
-        self.found: str | None = None
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if self.found is not None:
-            return False
-        if isinstance(node, (cst.Attribute, cst.Name)):
-            name = self.ctx.qualify(node) or ""
-            if name == "torch.cuda" or name.startswith("torch.cuda.") or _cuda_only(name):
-                self.found = name
-                return False
-            if isinstance(node, cst.Attribute) and node.attr.value == "cuda" \
-                    and not self.ctx.qualify(node.value):
-                self.found = f"{self.ctx.short(node)}()"
-                return False
-        elif isinstance(node, (cst.Import, cst.ImportFrom)):
-            module = dotted(node.module) if isinstance(node, cst.ImportFrom) else (
-                dotted(node.names[0].name) if node.names else None)
-            if module and (module.startswith("torch.cuda") or _cuda_only(module)):
-                self.found = f"import {module}"
-            return False
-        elif isinstance(node, cst.SimpleString) and is_cuda_device_string(node):
-            self.found = node.value
-        return True
-
-
-def _cuda_only(name: str) -> bool:
-    return bool(name) and any(name == m or name.startswith(m + ".") for m in cuda_only_modules())
-
-
-@functools.cache
-def cuda_only_modules() -> tuple[str, ...]:
-    """The modules the CUDA-only-library rules (TPU9xx) name."""
-    return tuple(m for rule in load_rules().values()
-                 if rule.extra.get("engine") == "cuda-only-import" for m in rule.extra["modules"])

@@ -279,12 +279,15 @@ class IsCuda(Transform):
             # No `is_<device>` property: `x.device.type == "tpu"` (binds tighter than not/and/or).
             return self.ctx.expr(self.mapping["expression"].format(self.ctx.code(updated.value)))
 
-        return self.fix_or_report(
+        replacement = self.fix_or_report(
             original,
             self.say("check", "`{code}` is never true on TPU; the XLA check is `.is_xla`",
                      code=self.ctx.short(original)),
             build,
         )
+        if replacement is not None:
+            self.ctx.add_guard(replacement, original)
+        return replacement
 
 
 @transform("TPU104")
@@ -329,6 +332,8 @@ class DeviceTypeComparison(Transform):
                 )
                 if replacement is not None:
                     changed = True
+                    self.ctx.add_guard(replacement, literal, negated=isinstance(
+                        old.operator, (cst.NotEqual, cst.NotIn)), shown=original)
                     if side == "left" and i == 0:
                         new_left = replacement
                     elif side == "right":

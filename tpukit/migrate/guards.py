@@ -1,0 +1,119 @@
+"""Guards over CUDA-only code: rewritten only when everything they guard is migrated.
+
+`if torch.cuda.is_available(): return torch.cuda.Stream(device)` and `if device.type ==
+"cuda": state = torch.cuda.get_rng_state(device)`: once the test is rewritten it is true on a
+TPU, and the CUDA-only code it guards runs there. A rule that rewrites part of a test
+(an availability call, a device-type comparison, `.is_cuda`) registers the replacement as a
+guard (`MigrationContext.add_guard`); when the `if` (or conditional expression) is left, a
+guard whose guarded code still holds CUDA-only code is put back as it was written (False on
+a TPU: the other branch runs), and its finding says what is left.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import libcst as cst
+
+from tpukit.findings import FixKind
+from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string
+from tpukit.rules import load_rules
+
+
+def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
+    """`updated` with the guards of its test put back where what they guard is not ported."""
+    found = _GuardUses(ctx.guards)
+    updated.test.visit(found)
+    restore = {}
+    for key, negated in found.uses.items():
+        original, report, polarity, shown = ctx.guards[key]
+        guarded = updated.orelse if negated != polarity else updated.body
+        left = residual_cuda(ctx, guarded) if guarded is not None else None
+        if left is None:
+            continue
+        del ctx.guards[key]
+        restore[key] = original
+        report.applied = False
+        report.fix = FixKind.NONE
+        report.message = (
+            f"`{ctx.short(shown)}` guards code that is still CUDA-only (`{left}`): left as "
+            "it is (False on a TPU, so the other branch runs); port what it guards, then the "
+            "guard")
+    if not restore:
+        return updated
+    return updated.with_changes(test=updated.test.visit(_Restore(restore)))
+
+
+class _GuardUses(cst.CSTVisitor):
+    """The registered guards in a test, each with whether it is negated (`not ...`)."""
+
+    def __init__(self, guards: dict) -> None:
+        self.guards = guards
+        self.uses: dict[int, bool] = {}
+        self.negations = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if id(node) in self.guards:
+            self.uses[id(node)] = self.negations % 2 == 1
+            return False
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+            self.negations += 1
+        return True
+
+    def on_leave(self, node: cst.CSTNode) -> None:
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+            self.negations -= 1
+
+
+class _Restore(cst.CSTTransformer):
+    def __init__(self, originals: dict) -> None:
+        self.originals = originals
+
+    def on_leave(self, original, updated):
+        return self.originals.get(id(original), updated)
+
+
+def residual_cuda(ctx: MigrationContext, node: cst.CSTNode) -> str | None:
+    """The first CUDA-only thing left in rewritten code (a torch.cuda name, a name or module
+    that says cuda, a `.cuda()` call, a "cuda" device string, a CUDA-only library), or None."""
+    finder = _ResidualCuda(ctx)
+    node.visit(finder)
+    return finder.found
+
+
+class _ResidualCuda(cst.CSTVisitor):
+    def __init__(self, ctx: MigrationContext) -> None:
+        self.ctx = ctx
+        self.found: str | None = None
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.found is not None:
+            return False
+        if isinstance(node, (cst.Attribute, cst.Name)):
+            name = self.ctx.qualify(node) or ""
+            own = node.attr.value if isinstance(node, cst.Attribute) else node.value
+            if name == "torch.cuda" or name.startswith("torch.cuda.") or _cuda_only(name) \
+                    or "cuda" in own.lower():  # .cuda(), cudagraph_mark_step_begin, cuda_ops
+                self.found = self.ctx.short(node)
+                return False
+        elif isinstance(node, (cst.Import, cst.ImportFrom)):
+            modules = ([dotted(node.module) or ""] if isinstance(node, cst.ImportFrom)
+                       else [dotted(a.name) or "" for a in node.names])
+            hit = next((m for m in modules if "cuda" in m or _cuda_only(m)), None)
+            if hit is not None:
+                self.found = f"import {hit}"  # `from .backends.cuda import ops`
+            return False
+        elif isinstance(node, cst.SimpleString) and is_cuda_device_string(node):
+            self.found = node.value
+        return True
+
+
+def _cuda_only(name: str) -> bool:
+    return bool(name) and any(name == m or name.startswith(m + ".") for m in cuda_only_modules())
+
+
+@functools.cache
+def cuda_only_modules() -> tuple[str, ...]:
+    """The modules the CUDA-only-library rules (TPU9xx) name."""
+    return tuple(m for rule in load_rules().values()
+                 if rule.extra.get("engine") == "cuda-only-import" for m in rule.extra["modules"])
