@@ -371,3 +371,10 @@ def test_a_not_equal_guard_looks_at_its_else_branch():
     new = fixed_point('import torch\nif device.type != "cuda":\n    pass\nelse:\n'
                       "    state = torch.cuda.get_rng_state(device)\n")
     assert 'if device.type != "cuda":\n' in new
+
+
+def test_a_rank_given_as_a_device_index_is_the_device():
+    new = fixed_point("import os\nimport torch\nbackend = 'nccl'\n"
+                      "args = dict(module=model, device_id=int(os.environ['LOCAL_RANK']))\n"
+                      "rank = int(os.environ['LOCAL_RANK'])\n")
+    assert "device_id=torch_xla.device())" in new and "rank = xr.local_ordinal()" in new

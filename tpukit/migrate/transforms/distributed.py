@@ -41,6 +41,7 @@ RANK_NAMES = {"rank", "local_rank", "global_rank", "gpu_id", "gpu", "device_id",
 WORLD_NAMES = {"world_size", "world", "nprocs", "ngpus", "n_gpus", "num_gpus", "ngpus_per_node"}
 _GROUP_SPLAT = re.compile(r"init_process_group\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\*")
 _CUDA_OR_CPU_BACKEND = re.compile(r"\b(?:nccl|gloo)\b")  # "nccl", "cuda:nccl,cpu:gloo"
+DEVICE_INDEX_KEYWORDS = ("device", "device_id", "output_device")
 COMPILE_MODES_WITHOUT_MEANING = {"reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}
 _RANK_ASSIGN = re.compile(
     r"(\w+)\s*=\s*(?:int\(\s*os\.environ\[\s*['\"](?:LOCAL_RANK|RANK)['\"]\s*\]\s*\)"
@@ -333,11 +334,20 @@ class TorchrunRanks(Transform):
         return {f"{prefix}{name}" for name in file_rank_names(source)
                 for prefix in (".to(", "device(", ".to(self.")}
 
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.device_values: set[int] = set()  # id() of values given as a device
+
     def visit_Call(self, node: cst.Call):
+        # FSDP(device_id=int(os.environ["LOCAL_RANK"])): a rank given as a device index
+        self.device_values.update(id(a.value) for a in node.args if a.keyword is not None
+                                  and a.keyword.value in DEVICE_INDEX_KEYWORDS)
         # int(os.environ["LOCAL_RANK"]) -> xr.local_ordinal()
         if dotted(node.func) == "int" and len(node.args) == 1:
             key, has_default = env_key(self.ctx, node.args[0].value)
             if key in self.mapping.get("env", {}) and not has_default:
+                if id(node) in self.device_values:
+                    return self._rank_device(node, node, is_to=False)
                 return self._replace(node, key)
             return None
         # .to(rank) / torch.device(rank): a rank used as a CUDA device index
