@@ -378,3 +378,31 @@ def test_a_rank_given_as_a_device_index_is_the_device():
                       "args = dict(module=model, device_id=int(os.environ['LOCAL_RANK']))\n"
                       "rank = int(os.environ['LOCAL_RANK'])\n")
     assert "device_id=torch_xla.device())" in new and "rank = xr.local_ordinal()" in new
+
+
+def test_a_flag_that_guards_a_cuda_stream_keeps_its_cuda_test():  # timm's PrefetchLoader
+    new = fixed_point("""
+    import torch
+
+    class Prefetcher:
+        def __init__(self, device):
+            self.is_cuda = device.type == 'cuda' and torch.cuda.is_available()
+
+        def __iter__(self):
+            if self.is_cuda:
+                stream = torch.cuda.Stream(device=self.device)
+    """)
+    assert "self.is_cuda = device.type == 'cuda' and torch.cuda.is_available()" in new
+    assert "if self.is_cuda:" in new
+
+
+def test_a_dataloader_worker_init_does_not_seed_the_xla_device():
+    new = fixed_point("import torch\ndef _worker_init(worker_id):\n    torch.manual_seed(worker_id)\n"
+                      "x = torch.zeros(1).cuda()\n")
+    assert "torch_xla.manual_seed" not in new
+
+
+def test_a_guard_of_gpu_only_strings_is_kept():
+    new = fixed_point('import torch\nreq = "onnxruntime" + ("-gpu" if torch.cuda.is_available() else "")\n'
+                      "x = torch.zeros(1).cuda()\n")
+    assert '("-gpu" if torch.cuda.is_available() else "")' in new

@@ -20,7 +20,7 @@ from tpukit.config import EAGER_MODES
 from tpukit.findings import Finding, FixKind, Location
 from tpukit.migrate import helpers
 from tpukit.migrate.context import IMPORTS, MigrationContext, dotted, string_value
-from tpukit.migrate.guards import restore_unported
+from tpukit.migrate.guards import restore_flags, restore_unported
 from tpukit.migrate.prune import Layout
 from tpukit.migrate.transforms import load_transforms
 from tpukit.migrate.transforms.base import HookTable, StatementPlan, transform_for
@@ -299,6 +299,8 @@ class Rewriter(cst.CSTTransformer):
                     return updated
         if self.ctx.guards and isinstance(updated, (cst.If, cst.IfExp)):
             updated = restore_unported(self.ctx, updated)
+        elif self.ctx.guards and isinstance(updated, cst.Assign):
+            updated = restore_flags(self.ctx, updated)
         if isinstance(updated, cst.SimpleStatementLine):
             return self._apply_line_plans(original, updated)
         if isinstance(updated, cst.SimpleStatementSuite):

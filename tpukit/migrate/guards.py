@@ -12,6 +12,7 @@ a TPU: the other branch runs), and its finding says what is left.
 from __future__ import annotations
 
 import functools
+import re
 
 import libcst as cst
 
@@ -26,22 +27,62 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
     updated.test.visit(found)
     restore = {}
     for key, negated in found.uses.items():
-        original, report, polarity, shown = ctx.guards[key]
+        polarity = ctx.guards[key][2]
         guarded = updated.orelse if negated != polarity else updated.body
-        left = residual_cuda(ctx, guarded) if guarded is not None else None
-        if left is None:
-            continue
-        del ctx.guards[key]
-        restore[key] = original
-        report.applied = False
-        report.fix = FixKind.NONE
-        report.message = (
-            f"`{ctx.short(shown)}` guards code that is still CUDA-only (`{left}`): left as "
-            "it is (False on a TPU, so the other branch runs); port what it guards, then the "
-            "guard")
+        # A value chosen by the guard that names a GPU ("-gpu" packages) is CUDA's too; in a
+        # statement a string is a message ("batch did not land on the GPU").
+        left = residual_cuda(ctx, guarded, isinstance(updated, cst.IfExp)) \
+            if guarded is not None else None
+        if left is not None:
+            restore[key] = _put_back(ctx, key, left)
     if not restore:
         return updated
     return updated.with_changes(test=updated.test.visit(_Restore(restore)))
+
+
+def restore_flags(ctx: MigrationContext, updated: cst.Assign):
+    """`self.is_cuda = device.type == "cuda" and torch.cuda.is_available()`, read later by
+    `if self.is_cuda: stream = torch.cuda.Stream(...)` (timm's prefetcher): a flag that guards
+    CUDA-only code keeps its CUDA test, so that it stays False on a TPU."""
+    found = _GuardUses(ctx.guards)
+    updated.value.visit(found)
+    if not found.uses:
+        return updated
+    for target in updated.targets:
+        name = target.target.attr.value if isinstance(target.target, cst.Attribute) else (
+            target.target.value if isinstance(target.target, cst.Name) else None)
+        left = name and ctx.memo(("cuda_flag", name), lambda n=name: _guards_cuda_only(ctx, n))
+        if left:
+            restore = {key: _put_back(ctx, key, f"{left}, under `if {name}`") for key in found.uses}
+            return updated.with_changes(value=updated.value.visit(_Restore(restore)))
+    return updated
+
+
+def _put_back(ctx: MigrationContext, key: int, left: str) -> cst.CSTNode:
+    original, report, _, shown = ctx.guards.pop(key)
+    report.applied = False
+    report.fix = FixKind.NONE
+    report.message = (
+        f"`{ctx.short(shown)}` guards code that is still CUDA-only (`{left}`): left as it is "
+        "(False on a TPU, so the other branch runs); port what it guards, then the guard")
+    return original
+
+
+# What no rule ports (streams, events, graphs, RNG state, NVTX): a flag whose `if` leads to
+# one of these is a CUDA-only guard.
+_CUDA_ONLY_USE = re.compile(r"torch\.cuda\.(?:Stream|stream|current_stream|default_stream|"
+                            r"set_stream|Event|graph|CUDAGraph|graphs|nvtx|get_rng_state|"
+                            r"set_rng_state|comm|nccl|jiterator)\b")
+
+
+def _guards_cuda_only(ctx: MigrationContext, name: str) -> str | None:
+    pattern = re.compile(rf"^([ \t]*)(?:el)?if\b[^\n]*\b{re.escape(name)}\b[^\n]*:[ \t]*\n"
+                         rf"((?:\1[ \t]+[^\n]*\n|[ \t]*\n)*)", re.M)
+    for match in pattern.finditer(ctx.source):
+        used = _CUDA_ONLY_USE.search(match.group(2))
+        if used:
+            return used.group(0)
+    return None
 
 
 class _GuardUses(cst.CSTVisitor):
@@ -73,17 +114,19 @@ class _Restore(cst.CSTTransformer):
         return self.originals.get(id(original), updated)
 
 
-def residual_cuda(ctx: MigrationContext, node: cst.CSTNode) -> str | None:
+def residual_cuda(ctx: MigrationContext, node: cst.CSTNode, strings: bool = False) -> str | None:
     """The first CUDA-only thing left in rewritten code (a torch.cuda name, a name or module
-    that says cuda, a `.cuda()` call, a "cuda" device string, a CUDA-only library), or None."""
-    finder = _ResidualCuda(ctx)
+    that says cuda, a `.cuda()` call, a "cuda" device string, a CUDA-only library; with
+    `strings`, any string that says gpu or cuda), or None."""
+    finder = _ResidualCuda(ctx, strings)
     node.visit(finder)
     return finder.found
 
 
 class _ResidualCuda(cst.CSTVisitor):
-    def __init__(self, ctx: MigrationContext) -> None:
+    def __init__(self, ctx: MigrationContext, strings: bool) -> None:
         self.ctx = ctx
+        self.strings = strings
         self.found: str | None = None
 
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -103,9 +146,13 @@ class _ResidualCuda(cst.CSTVisitor):
             if hit is not None:
                 self.found = f"import {hit}"  # `from .backends.cuda import ops`
             return False
-        elif isinstance(node, cst.SimpleString) and is_cuda_device_string(node):
-            self.found = node.value
+        elif isinstance(node, cst.SimpleString) and (
+                is_cuda_device_string(node) or (self.strings and _SAYS_GPU.search(node.value))):
+            self.found = node.value  # "-gpu" packages, "Launching training on one GPU."
         return True
+
+
+_SAYS_GPU = re.compile(r"gpu|cuda", re.I)
 
 
 def _cuda_only(name: str) -> bool:

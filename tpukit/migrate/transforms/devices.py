@@ -267,11 +267,17 @@ class CudaMethod(Transform):
         )
 
 
+_ASSIGNS_IS_CUDA = re.compile(r"([\w.]+)\.is_cuda\s*(?::[^=\n]+)?=(?!=)")
+
+
 @transform("TPU103")
 class IsCuda(Transform):
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
         if original.attr.value != "is_cuda" or self.ctx.qualify(original.value):
             return None
+        owners = self.ctx.memo("is_cuda_owners", lambda: set(_ASSIGNS_IS_CUDA.findall(self.ctx.source)))
+        if self.ctx.code(original.value) in owners:
+            return None  # `self.is_cuda = ...`: the object's own flag, not Tensor.is_cuda
 
         def build():
             if "attribute" in self.mapping:  # `.is_xla`
@@ -348,6 +354,7 @@ class DeviceTypeComparison(Transform):
         return device_string(self.ctx, literal)
 
 
+_WORKER_INIT = re.compile(r"worker_init|init_worker|seed_worker|worker_seed", re.I)
 _SEEDS_XLA = re.compile(r"cuda\.manual_seed|torch_xla\.manual_seed|set_rng_state")
 
 
@@ -365,6 +372,9 @@ class SeedXla(Transform):
             return None
         if self.ctx.memo("seeds_xla", lambda: bool(_SEEDS_XLA.search(self.ctx.source))):
             return None
+        if any(_WORKER_INIT.search(f.name.value) for f in self.ctx.functions
+               if isinstance(f, cst.FunctionDef)):
+            return None  # a DataLoader worker's init: the XLA runtime must not start there
         seed = updated.body[0].value.args[0].value
 
         def build():
