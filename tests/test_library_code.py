@@ -406,3 +406,12 @@ def test_a_guard_of_gpu_only_strings_is_kept():
     new = fixed_point('import torch\nreq = "onnxruntime" + ("-gpu" if torch.cuda.is_available() else "")\n'
                       "x = torch.zeros(1).cuda()\n")
     assert '("-gpu" if torch.cuda.is_available() else "")' in new
+
+
+@pytest.mark.parametrize("source", [
+    'if self.device.type == "cuda" and not check_cuda_p2p_ib_support():\n    raise ValueError()\n',
+    'if torch.cuda.is_available():\n    BNB_BACKEND = "CUDA"\n',  # bitsandbytes' cextension
+    'if torch.cuda.is_available():\n    backend = "nccl"\n',  # accelerate's MULTI_GPU
+])
+def test_a_guard_of_cuda_only_values_or_tests_is_kept(source):
+    assert out("import torch\n" + source) == "import torch\n" + source

@@ -17,7 +17,7 @@ import re
 import libcst as cst
 
 from tpukit.findings import FixKind
-from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string
+from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string, string_value
 from tpukit.rules import load_rules
 
 
@@ -26,7 +26,13 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
     found = _GuardUses(ctx.guards)
     updated.test.visit(found)
     restore = {}
+    # `device.type == "cuda" and not check_cuda_p2p_ib_support()`: the rest of the test is
+    # CUDA's too, and runs once the guard is true.
+    in_test = residual_cuda(ctx, updated.test) if found.uses else None
     for key, negated in found.uses.items():
+        if in_test is not None:
+            restore[key] = _put_back(ctx, key, in_test, " in the same test")
+            continue
         polarity = ctx.guards[key][2]
         guarded = updated.orelse if negated != polarity else updated.body
         # A value chosen by the guard that names a GPU ("-gpu" packages) is CUDA's too; in a
@@ -53,17 +59,17 @@ def restore_flags(ctx: MigrationContext, updated: cst.Assign):
             target.target.value if isinstance(target.target, cst.Name) else None)
         left = name and ctx.memo(("cuda_flag", name), lambda n=name: _guards_cuda_only(ctx, n))
         if left:
-            restore = {key: _put_back(ctx, key, f"{left}, under `if {name}`") for key in found.uses}
+            restore = {key: _put_back(ctx, key, left, f" under `if {name}`") for key in found.uses}
             return updated.with_changes(value=updated.value.visit(_Restore(restore)))
     return updated
 
 
-def _put_back(ctx: MigrationContext, key: int, left: str) -> cst.CSTNode:
+def _put_back(ctx: MigrationContext, key: int, left: str, where: str = "") -> cst.CSTNode:
     original, report, _, shown = ctx.guards.pop(key)
     report.applied = False
     report.fix = FixKind.NONE
     report.message = (
-        f"`{ctx.short(shown)}` guards code that is still CUDA-only (`{left}`): left as it is "
+        f"`{ctx.short(shown)}` guards code that is still CUDA-only (`{left}`{where}): left as it is "
         "(False on a TPU, so the other branch runs); port what it guards, then the guard")
     return original
 
@@ -147,12 +153,14 @@ class _ResidualCuda(cst.CSTVisitor):
                 self.found = f"import {hit}"  # `from .backends.cuda import ops`
             return False
         elif isinstance(node, cst.SimpleString) and (
-                is_cuda_device_string(node) or (self.strings and _SAYS_GPU.search(node.value))):
+                is_cuda_device_string(node) or _CUDA_WORD.match(string_value(node) or "")
+                or (self.strings and _SAYS_GPU.search(node.value))):
             self.found = node.value  # "-gpu" packages, "Launching training on one GPU."
         return True
 
 
 _SAYS_GPU = re.compile(r"gpu|cuda", re.I)
+_CUDA_WORD = re.compile(r"(?:cuda|nccl)\Z", re.I)  # BNB_BACKEND = "CUDA", backend = "nccl"
 
 
 def _cuda_only(name: str) -> bool:
