@@ -415,3 +415,23 @@ def test_a_guard_of_gpu_only_strings_is_kept():
 ])
 def test_a_guard_of_cuda_only_values_or_tests_is_kept(source):
     assert out("import torch\n" + source) == "import torch\n" + source
+
+
+def test_a_negated_guard_that_returns_guards_what_follows():  # diffusers' testing_utils
+    source = """
+    import torch
+
+    def require_big_gpu(test_case):
+        if not torch.cuda.is_available():
+            return unittest.skip("test requires PyTorch CUDA")(test_case)
+        device_properties = torch.cuda.get_device_properties(0)
+        return test_case
+
+    def sync():
+        if not torch.cuda.is_available():
+            return
+        torch.cuda.synchronize()
+    """
+    new = fixed_point(source)
+    assert new.count("if not torch.cuda.is_available():") == 1  # the first; the second is ported
+    assert "if not bool(xr.device_type()):\n        return\n    torch_xla.sync()" in new

@@ -226,6 +226,7 @@ class MigrationContext:
         self.handled: set[int] = set()  # id() of nodes a rule already spoke for
         # id() of a rewritten guard -> (what was written, its report, negated): guards.py
         self.guards: dict[int, tuple[cst.CSTNode, Report, bool, cst.CSTNode]] = {}
+        self.guarded_after: dict[int, list[int]] = {}  # id(if) -> its guards that exit
         self.in_import = False
         self.claimed: set[str] = set()  # qualified names some active rule rewrites
         self.current_top: cst.CSTNode | None = None

@@ -20,7 +20,7 @@ from tpukit.config import EAGER_MODES
 from tpukit.findings import Finding, FixKind, Location
 from tpukit.migrate import helpers
 from tpukit.migrate.context import IMPORTS, MigrationContext, dotted, string_value
-from tpukit.migrate.guards import restore_flags, restore_unported
+from tpukit.migrate.guards import restore_after_exits, restore_flags, restore_unported
 from tpukit.migrate.prune import Layout
 from tpukit.migrate.transforms import load_transforms
 from tpukit.migrate.transforms.base import HookTable, StatementPlan, transform_for
@@ -306,6 +306,8 @@ class Rewriter(cst.CSTTransformer):
         if isinstance(updated, cst.SimpleStatementSuite):
             return self._apply_suite_plans(original, updated)
         if isinstance(updated, (cst.IndentedBlock, cst.Module)):
+            if self.ctx.guarded_after:
+                updated = restore_after_exits(self.ctx, updated)
             return self._place_removal_comments(updated)
         return updated
 

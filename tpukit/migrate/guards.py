@@ -29,21 +29,52 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
     # `device.type == "cuda" and not check_cuda_p2p_ib_support()`: the rest of the test is
     # CUDA's too, and runs once the guard is true.
     in_test = residual_cuda(ctx, updated.test) if found.uses else None
+    deferred = []
     for key, negated in found.uses.items():
         if in_test is not None:
             restore[key] = _put_back(ctx, key, in_test, " in the same test")
             continue
         polarity = ctx.guards[key][2]
         guarded = updated.orelse if negated != polarity else updated.body
+        if guarded is None and isinstance(updated, cst.If) and _exits(updated.body):
+            deferred.append(key)  # `if not available: return`: it guards what follows
+            continue
         # A value chosen by the guard that names a GPU ("-gpu" packages) is CUDA's too; in a
         # statement a string is a message ("batch did not land on the GPU").
         left = residual_cuda(ctx, guarded, isinstance(updated, cst.IfExp)) \
             if guarded is not None else None
         if left is not None:
             restore[key] = _put_back(ctx, key, left)
-    if not restore:
-        return updated
-    return updated.with_changes(test=updated.test.visit(_Restore(restore)))
+    if restore:
+        updated = updated.with_changes(test=updated.test.visit(_Restore(restore)))
+    if deferred:
+        ctx.guarded_after[id(updated)] = deferred
+    return updated
+
+
+def restore_after_exits(ctx: MigrationContext, block: cst.IndentedBlock | cst.Module):
+    """`if not torch.cuda.is_available(): return skip(...)` then `torch.cuda.get_device_
+    properties(0)`: a negated guard that leaves the block guards the statements after it."""
+    body = list(block.body)
+    changed = False
+    for i, stmt in enumerate(body):
+        keys = ctx.guarded_after.pop(id(stmt), None)
+        if not keys:
+            continue
+        left = next((found for rest in body[i + 1:] if (found := residual_cuda(ctx, rest))), None)
+        if left is None:
+            continue
+        restore = {key: _put_back(ctx, key, left, " after it") for key in keys if key in ctx.guards}
+        body[i] = stmt.with_changes(test=stmt.test.visit(_Restore(restore)))
+        changed = True
+    return block.with_changes(body=body) if changed else block
+
+
+def _exits(body: cst.BaseSuite) -> bool:
+    last = body.body[-1] if body.body else None
+    if isinstance(last, cst.SimpleStatementLine):
+        last = last.body[-1] if last.body else None
+    return isinstance(last, (cst.Return, cst.Raise, cst.Continue, cst.Break))
 
 
 def restore_flags(ctx: MigrationContext, updated: cst.Assign):
