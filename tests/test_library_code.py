@@ -435,3 +435,28 @@ def test_a_negated_guard_that_returns_guards_what_follows():  # diffusers' testi
     new = fixed_point(source)
     assert new.count("if not torch.cuda.is_available():") == 1  # the first; the second is ported
     assert "if not bool(xr.device_type()):\n        return\n    torch_xla.sync()" in new
+
+
+def test_an_accelerator_type_read_as_a_module_name_is_left():  # transformers' bark
+    source = ("import torch\ndevice_type = torch.accelerator.current_accelerator().type\n"
+              "module = getattr(torch, device_type)\n")
+    result = migrate(source)
+    assert result.new_source == source
+    assert [f.applied for f in result.findings] == [False]
+
+
+@pytest.mark.parametrize("function", [
+    "def triton(self, kernel, device_str='cuda'):\n    return x.cuda()\n",
+    "def calibrate(im):\n    import tensorrt as trt\n    return im.to('cuda')\n",
+])
+def test_cuda_only_functions_are_not_rewritten(function):
+    result = migrate("import torch\n" + function)
+    assert result.new_source == "import torch\n" + function
+    assert result.findings and not any(f.applied for f in result.findings)
+    assert all("not rewritten" in f.message for f in result.findings if f.code in ("TPU101", "TPU102"))
+
+
+def test_a_negated_guard_guards_the_cuda_path_after_it():  # torch's checkpoint stager
+    source = ("import torch\n\ndef stage(pin_memory):\n    if pin_memory and not torch.cuda.is_available():\n"
+              "        pin_memory = False\n    return tensor.pin_memory() if pin_memory else tensor\n")
+    assert "and not torch.cuda.is_available():" in fixed_point(source)

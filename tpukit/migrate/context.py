@@ -227,6 +227,8 @@ class MigrationContext:
         # id() of a rewritten guard -> (what was written, its report, negated): guards.py
         self.guards: dict[int, tuple[cst.CSTNode, Report, bool, cst.CSTNode]] = {}
         self.guarded_after: dict[int, list[int]] = {}  # id(if) -> its guards that exit
+        self.cuda_only: list[str] = []  # why the enclosing functions are CUDA-only code
+        self.assign_targets: list[list[str]] = []  # names the enclosing assignments bind
         self.in_import = False
         self.claimed: set[str] = set()  # qualified names some active rule rewrites
         self.current_top: cst.CSTNode | None = None
@@ -389,6 +391,8 @@ class MigrationContext:
 
     # -- fixes and findings ---------------------------------------------------------
     def can_fix(self, rule: Rule) -> bool:
+        if self.cuda_only:
+            return False  # CUDA-only code (guards.cuda_only_function): findings only
         fix = rule.fix_for(self.target)
         return fix is FixKind.SAFE or (fix is FixKind.UNSAFE and self.unsafe_fixes)
 
@@ -404,6 +408,8 @@ class MigrationContext:
         self.handled.add(id(node))
         if isinstance(node, cst.Call):
             self.handled.add(id(node.func))
+        if self.cuda_only and not applied and fix is None and rule.fix is not FixKind.NONE:
+            message += f" (not rewritten: {self.cuda_only[-1]}: port it by hand)"
         self.reports.append(Report(rule, node, message, applied, self.current_top, fix, extra))
 
     def _needs(self, template: str) -> str:

@@ -19,8 +19,13 @@ from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionPr
 from tpukit.config import EAGER_MODES
 from tpukit.findings import Finding, FixKind, Location
 from tpukit.migrate import helpers
-from tpukit.migrate.context import IMPORTS, MigrationContext, dotted, string_value
-from tpukit.migrate.guards import restore_after_exits, restore_flags, restore_unported
+from tpukit.migrate.context import IMPORTS, MigrationContext, dotted, string_value, terminal_name
+from tpukit.migrate.guards import (
+    cuda_only_function,
+    restore_after,
+    restore_flags,
+    restore_unported,
+)
 from tpukit.migrate.prune import Layout
 from tpukit.migrate.transforms import load_transforms
 from tpukit.migrate.transforms.base import HookTable, StatementPlan, transform_for
@@ -240,7 +245,11 @@ class Rewriter(cst.CSTTransformer):
             for target in node.targets:
                 if isinstance(target.target, cst.Name):
                     ctx.bind_device(target.target.value)
-        elif isinstance(node, (cst.FunctionDef, cst.Lambda)):
+        if isinstance(node, cst.Assign):
+            ctx.assign_targets.append([terminal_name(t.target) for t in node.targets])
+        if isinstance(node, cst.FunctionDef) and (why := cuda_only_function(node)):
+            ctx.cuda_only.append(why)
+        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
             params = node.params.params + node.params.kwonly_params + node.params.posonly_params
             # `device=None` is no device: `.cuda(device)` there means the current one.
             ctx.push_scope({p.name.value for p in params if p.name.value == "device"
@@ -266,6 +275,10 @@ class Rewriter(cst.CSTTransformer):
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
         if id(original) in self.skip:
             return updated
+        if isinstance(original, cst.Assign):
+            self.ctx.assign_targets.pop()
+        if isinstance(original, cst.FunctionDef) and cuda_only_function(original):
+            self.ctx.cuda_only.pop()
         if isinstance(original, (cst.FunctionDef, cst.Lambda)):
             self.ctx.pop_scope()
             self.ctx.functions.pop()
@@ -307,7 +320,7 @@ class Rewriter(cst.CSTTransformer):
             return self._apply_suite_plans(original, updated)
         if isinstance(updated, (cst.IndentedBlock, cst.Module)):
             if self.ctx.guarded_after:
-                updated = restore_after_exits(self.ctx, updated)
+                updated = restore_after(self.ctx, updated)
             return self._place_removal_comments(updated)
         return updated
 

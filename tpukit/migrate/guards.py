@@ -36,8 +36,12 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
             continue
         polarity = ctx.guards[key][2]
         guarded = updated.orelse if negated != polarity else updated.body
-        if guarded is None and isinstance(updated, cst.If) and _exits(updated.body):
-            deferred.append(key)  # `if not available: return`: it guards what follows
+        if guarded is None and isinstance(updated, cst.If) and (
+                ctx.target == "xla" or _exits(updated.body)):
+            # `if not available: return` / `...: pin_memory = False`: the CUDA path is what
+            # follows the if, in its block (TorchTPU keeps some CUDA spellings, so there only
+            # a guard that leaves the block)
+            deferred.append(key)
             continue
         # A value chosen by the guard that names a GPU ("-gpu" packages) is CUDA's too; in a
         # statement a string is a message ("batch did not land on the GPU").
@@ -52,9 +56,9 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
     return updated
 
 
-def restore_after_exits(ctx: MigrationContext, block: cst.IndentedBlock | cst.Module):
+def restore_after(ctx: MigrationContext, block: cst.IndentedBlock | cst.Module):
     """`if not torch.cuda.is_available(): return skip(...)` then `torch.cuda.get_device_
-    properties(0)`: a negated guard that leaves the block guards the statements after it."""
+    properties(0)`: a negated guard without an else guards the statements after it."""
     body = list(block.body)
     changed = False
     for i, stmt in enumerate(body):
@@ -172,8 +176,11 @@ class _ResidualCuda(cst.CSTVisitor):
         if isinstance(node, (cst.Attribute, cst.Name)):
             name = self.ctx.qualify(node) or ""
             own = node.attr.value if isinstance(node, cst.Attribute) else node.value
+            pinned = self.ctx.target == "xla" and "pin_memory" in own
             if name == "torch.cuda" or name.startswith("torch.cuda.") or _cuda_only(name) \
-                    or "cuda" in own.lower():  # .cuda(), cudagraph_mark_step_begin, cuda_ops
+                    or "cuda" in own.lower() or pinned:
+                # .cuda(), cuda_ops, cudagraph_mark_step_begin; on XLA pinned host memory is
+                # a CUDA copy aid
                 self.found = self.ctx.short(node)
                 return False
         elif isinstance(node, (cst.Import, cst.ImportFrom)):
@@ -192,6 +199,32 @@ class _ResidualCuda(cst.CSTVisitor):
 
 _SAYS_GPU = re.compile(r"gpu|cuda", re.I)
 _CUDA_WORD = re.compile(r"(?:cuda|nccl)\Z", re.I)  # BNB_BACKEND = "CUDA", backend = "nccl"
+
+
+# Beyond the TPU9xx rules' modules: libraries only a CUDA machine has.
+_CUDA_ONLY_EXTRA = ("tensorrt", "pycuda", "numba.cuda", "cuda")
+
+
+def cuda_only_function(node: cst.FunctionDef) -> str | None:
+    """Why a function is CUDA-only code, which tpukit does not rewrite (its findings stay for
+    a person): its name says cuda or triton (a `cuda()` method, inductor's `triton(...)`), or
+    its body imports a CUDA-only library (TensorRT calibration, a triton kernel's launcher)."""
+    name = node.name.value.lower()
+    if "cuda" in name or "triton" in name:
+        return f"`{node.name.value}` is named for CUDA"
+    body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
+    for stmt in body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            modules = ([dotted(small.module) or ""] if isinstance(small, cst.ImportFrom)
+                       and not small.relative else [dotted(a.name) or "" for a in small.names]
+                       if isinstance(small, cst.Import) else [])
+            for module in modules:
+                if _cuda_only(module) or any(module == m or module.startswith(m + ".")
+                                             for m in _CUDA_ONLY_EXTRA):
+                    return f"`{node.name.value}` imports {module}, a CUDA-only library"
+    return None
 
 
 def _cuda_only(name: str) -> bool:

@@ -25,6 +25,7 @@ import libcst as cst
 
 from tpukit.findings import FixKind
 from tpukit.migrate.context import terminal_name
+from tpukit.migrate.transforms.devices import attribute_names
 from tpukit.migrate.transforms.base import StatementPlan, Transform, engine
 
 
@@ -112,6 +113,13 @@ class CallMap(Transform):
             self._manual(node, text)
             return None
         template = entry["replace"]
+        held = [n for n in (self.ctx.assign_targets[-1] if self.ctx.assign_targets else ())
+                if n in attribute_names(self.ctx)]
+        if held:  # device_type = ...; getattr(torch, device_type): a module's name
+            self._manual(node, f"`{held[0]}` is read as an attribute name (`getattr(..., "
+                         f"{held[0]})`); `{self._format(template, node)}` would name no module "
+                         "there: port by hand")
+            return None
         if "as_device" in entry and id(node) in self.device_arguments:
             template = entry["as_device"]
             entry = {**entry, "note": entry.get("as_device_note", entry.get("note"))}
