@@ -460,3 +460,36 @@ def test_a_negated_guard_guards_the_cuda_path_after_it():  # torch's checkpoint 
     source = ("import torch\n\ndef stage(pin_memory):\n    if pin_memory and not torch.cuda.is_available():\n"
               "        pin_memory = False\n    return tensor.pin_memory() if pin_memory else tensor\n")
     assert "and not torch.cuda.is_available():" in fixed_point(source)
+
+
+def test_a_per_rank_path_built_in_two_steps_is_still_per_rank():  # accelerate's checkpointing
+    new = fixed_point('import torch\nx = torch.zeros(1).cuda()\n'
+                      'states_name = f"{RNG_STATE_NAME}_{process_index}.pkl"\n'
+                      "output_states_file = output_dir.joinpath(states_name)\n"
+                      "torch.save(states, output_states_file)\n")
+    assert "xm.save(states, output_states_file, master_only=False)" in new
+
+
+def test_current_device_returned_by_a_get_device_function_is_the_device():
+    new = fixed_point("import torch\ndef get_device(model):\n    return torch.cuda.current_device()\n"
+                      "def device_index():\n    return torch.cuda.current_device()\n")
+    assert "def get_device(model):\n    return torch_xla.device()\n" in new
+    assert "def device_index():\n    return torch_xla.device().index\n" in new
+
+
+def test_a_package_module_for_cuda_is_not_rewritten(tmp_path):
+    package = tmp_path / "lib" / "triton_ops"
+    package.mkdir(parents=True)
+    (tmp_path / "lib" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    source = "import torch\nx = torch.zeros(2).cuda()\n"
+    result = migrate_source(source, str(package / "quant.py"), ALL)
+    assert result.new_source == source
+    assert [f.applied for f in result.findings] == [False]
+    assert "CUDA's own code" in result.findings[0].message
+
+
+def test_a_guard_whose_other_branch_is_about_cuda_is_kept():  # torch's rng decompositions
+    new = fixed_point('import torch\nif device.type != "cuda":\n    throw_on_non_cuda(device)\n'
+                      "x = torch.rand(2, device=device)\n")
+    assert 'if device.type != "cuda":' in new

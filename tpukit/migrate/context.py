@@ -206,6 +206,23 @@ class Report:
     extra: dict = field(default_factory=dict)
 
 
+def _cuda_only_module(path: str) -> str | None:
+    """A package module whose package path says cuda, triton or nccl (torch/cuda/amp/...,
+    torch/_dynamo/backends/cudagraphs.py, bitsandbytes/triton/...) is CUDA's own code."""
+    if not path:
+        return None
+    file = Path(path)
+    parts = [file.stem]
+    folder = file.parent
+    while (folder / "__init__.py").is_file() and folder != folder.parent:
+        parts.append(folder.name)
+        folder = folder.parent
+    if len(parts) == 1:
+        return None  # a script, not a package's module (fixtures' cuda.py included)
+    hit = next((p for p in parts if re.search(r"cuda|triton|nccl", p, re.I)), None)
+    return f"module `{'.'.join(reversed(parts))}` is CUDA's own code ({hit})" if hit else None
+
+
 class MigrationContext:
     def __init__(
         self, module: cst.Module, target: str, unsafe_fixes: bool, source: str = "",
@@ -227,7 +244,8 @@ class MigrationContext:
         # id() of a rewritten guard -> (what was written, its report, negated): guards.py
         self.guards: dict[int, tuple[cst.CSTNode, Report, bool, cst.CSTNode]] = {}
         self.guarded_after: dict[int, list[int]] = {}  # id(if) -> its guards that exit
-        self.cuda_only: list[str] = []  # why the enclosing functions are CUDA-only code
+        # why the enclosing functions (or this module) are CUDA-only code: findings only
+        self.cuda_only: list[str] = [why] if (why := _cuda_only_module(path)) else []
         self.assign_targets: list[list[str]] = []  # names the enclosing assignments bind
         self.in_import = False
         self.claimed: set[str] = set()  # qualified names some active rule rewrites

@@ -36,6 +36,13 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
             continue
         polarity = ctx.guards[key][2]
         guarded = updated.orelse if negated != polarity else updated.body
+        other = updated.body if negated != polarity else updated.orelse
+        # `if device.type != "cuda": throw_on_non_cuda(device)`: the other branch says the
+        # test is about CUDA too (torch's Philox decompositions)
+        named = residual_cuda(ctx, other) if isinstance(other, cst.BaseSuite) else None
+        if named is not None:
+            restore[key] = _put_back(ctx, key, named, " in the other branch")
+            continue
         if guarded is None and isinstance(updated, cst.If) and (
                 ctx.target == "xla" or _exits(updated.body)):
             # `if not available: return` / `...: pin_memory = False`: the CUDA path is what

@@ -98,6 +98,14 @@ class CallMap(Transform):
                     self.device_arguments.update(
                         id(e.value) for e in arg.value.elements if isinstance(e, cst.DictElement))
 
+    def visit_Return(self, node: cst.Return) -> None:
+        # def get_device(...): return torch.cuda.current_device(): what it returns is a device
+        function = self.ctx.functions[-1] if self.ctx.functions else None
+        if (self.as_device and node.value is not None and isinstance(function, cst.FunctionDef)
+                and "device" in function.name.value.lower()
+                and "index" not in function.name.value.lower()):
+            self.device_arguments.add(id(node.value))
+
     def visit_Call(self, node: cst.Call):
         if self.as_device:
             self._mark_device_arguments(node)

@@ -18,7 +18,21 @@ STATE_WORDS = ("state", "checkpoint", "ckpt", "snapshot")
 # assigned such a path): every process writes its own file.
 _RANK_WORDS = r"rank|process_index|ordinal|local_process|worker_id|proc_id|getpid"
 _RANK = re.compile(_RANK_WORDS, re.I)
-_RANK_PATH_ASSIGN = re.compile(rf"^[ \t]*([\w.]+)\s*=[^=\n][^\n]*(?:{_RANK_WORDS})", re.I | re.M)
+_ASSIGN_LINE = re.compile(r"^[ \t]*([\w.]+)[ \t]*=(?!=)([^\n]*)", re.M)
+
+
+def rank_path_names(source: str) -> set[str]:
+    """Names assigned a path built from the rank, directly or through other such names
+    (accelerate: states_name = f"{RNG_STATE_NAME}_{process_index}.pkl", then
+    output_states_file = output_dir.joinpath(states_name))."""
+    assigns = _ASSIGN_LINE.findall(source)
+    names = {name for name, value in assigns if _RANK.search(value)}
+    while True:
+        words = re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")\b") if names else None
+        more = {name for name, value in assigns if name not in names and words and words.search(value)}
+        if not more:
+            return names
+        names |= more
 # loc = 'cuda:{}'.format(args.gpu) / device = "cuda" / dev = torch.device("cuda", rank)
 _CUDA_ASSIGN = re.compile(r"""(\w+)\s*=\s*(?:torch\.device\(\s*)?f?['"]cuda\b""")
 
@@ -81,7 +95,7 @@ class CheckpointSave(Transform):
             return False
         if _RANK.search(self.ctx.code(path)):
             return True
-        names = self.ctx.memo("rank_paths", lambda: set(_RANK_PATH_ASSIGN.findall(self.ctx.source)))
+        names = self.ctx.memo("rank_paths", lambda: rank_path_names(self.ctx.source))
         return self.ctx.code(path) in names
 
     def _save_everywhere(self, node: cst.Call, updated: cst.Call) -> cst.Call:
