@@ -148,9 +148,17 @@ def _skipped(path: str) -> bool:
 
 
 def choose(members: dict[str, bytes], max_files: int | None, rng: random.Random) -> dict[str, bytes]:
+    """A seeded sample of `max_files` files, with the `__init__.py` files of their packages
+    (what makes a module a package's module for tpukit), which count as files too."""
     names = sorted(n for n in members if not _skipped(n))
     if max_files is not None and len(names) > max_files:
-        names = sorted(rng.sample(names, max_files))
+        chosen = set(rng.sample(names, max_files))
+        for name in list(chosen):
+            for parent in PurePosixPath(name).parents:
+                init = (parent / "__init__.py").as_posix()
+                if init in members:
+                    chosen.add(init)
+        names = sorted(chosen)
     return {n: members[n] for n in names}
 
 

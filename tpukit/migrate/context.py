@@ -207,7 +207,7 @@ class Report:
 
 
 def _cuda_only_module(path: str) -> str | None:
-    """A package module whose package path says cuda, triton or nccl (torch/cuda/amp/...,
+    """A package module whose package path says cuda, cudnn, triton or nccl (torch/cuda/amp,
     torch/_dynamo/backends/cudagraphs.py, bitsandbytes/triton/...) is CUDA's own code."""
     if not path:
         return None
@@ -219,7 +219,7 @@ def _cuda_only_module(path: str) -> str | None:
         folder = folder.parent
     if len(parts) == 1:
         return None  # a script, not a package's module (fixtures' cuda.py included)
-    hit = next((p for p in parts if re.search(r"cuda|triton|nccl", p, re.I)), None)
+    hit = next((p for p in parts if re.search(r"cuda|cudnn|triton|nccl", p, re.I)), None)
     return f"module `{'.'.join(reversed(parts))}` is CUDA's own code ({hit})" if hit else None
 
 
