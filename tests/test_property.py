@@ -69,6 +69,18 @@ CUDA_LINES = [
     "n = {t}.cuda.device_count() + {n}",
     "s = {t}.cuda.Stream()",
     "with {t}.cuda.nvtx.range('r{n}'):\n{i}    pass",
+    # splats a rule cannot see into, guards over migrated and CUDA-only code, literals of
+    # every base (library code has all three)
+    "m = {t}.nn.parallel.DistributedDataParallel(y, **kw{n})",
+    "m = {t}.nn.parallel.DistributedDataParallel(y, *args{n}, **kw{n})",
+    "f = {t}.compile(y, **kw{n})",
+    "{t}.distributed.init_process_group(backend='nccl', **kw{n})",
+    "s = {t}.utils.data.distributed.DistributedSampler(y, **kw{n})",
+    "x = y.cuda(**kw{n})",
+    "if {t}.cuda.is_available():\n{i}    s = {t}.cuda.Stream()",
+    "if {t}.cuda.is_available() and a{n}:\n{i}    {t}.cuda.synchronize()",
+    "mask = 0x{n}F | 0o1{n} | 0b10 | 1_00{n}",
+    "head_dim = 0x{n}0",
 ]
 PLAIN_LINES = [
     "a{n} = [{n}, 'cuda kernels', {{'k': {n}}}]  # keep me",
@@ -119,7 +131,10 @@ def migrate_cleanly(program, options: MigrateOptions) -> str:
 @SETTINGS
 @given(cuda_programs())
 def test_cuda_programs_migrate_to_valid_idempotent_code(program):
-    assert "torch.cuda.synchronize" not in migrate_cleanly(program, ALL)
+    new = migrate_cleanly(program, ALL)
+    assert "torch.cuda.synchronize" not in new
+    for splat in ("*args", "**kw"):  # never dropped
+        assert new.count(splat) == program[0].count(splat)
 
 
 @pytest.mark.parametrize("name", ["cuda", "cuda_flag"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +35,14 @@ class Config:
     root: Path = field(default_factory=Path.cwd)  # exclude patterns are relative to this
 
 
+def real_path(path: Path) -> Path:
+    """`path` with links resolved as far as they go: a link loop is left as it is (Path.resolve
+    raises on one), and reading it later is that file's error."""
+    return Path(os.path.realpath(path))
+
+
 def find_pyproject(start: Path) -> Path | None:
-    start = start.resolve()
+    start = real_path(start)
     for folder in [start, *start.parents] if start.is_dir() else start.parents:
         candidate = folder / "pyproject.toml"
         if candidate.is_file():

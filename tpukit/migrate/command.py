@@ -9,7 +9,8 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from tpukit.config import Config
+from tpukit.atomic import remove_stale_temp_files
+from tpukit.config import Config, real_path
 from tpukit.findings import FileError
 from tpukit.migrate.files import FileResult, Job, Mode, discover, display_path, run_jobs
 from tpukit.render import Format, Report, render
@@ -38,11 +39,11 @@ class MigrateRequest:
 
 
 def _mirror(path: Path, base: Path, out_dir: Path) -> Path:
-    return out_dir / path.resolve().relative_to(base)
+    return out_dir / real_path(path).relative_to(base)
 
 
 def _base_of(paths: list[Path]) -> Path:
-    folders = [p.resolve() if p.is_dir() else p.resolve().parent for p in paths]
+    folders = [real_path(p) if p.is_dir() else real_path(p).parent for p in paths]
     return Path(os.path.commonpath([str(f) for f in folders]))
 
 
@@ -61,11 +62,11 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
     cfg = request.config
     exclude = list(cfg.exclude)
     if request.out_dir is not None:
-        out = request.out_dir.resolve()
+        out = real_path(request.out_dir)
         exclude.append(out.as_posix())
     files = discover(request.paths, exclude, cfg.root)
     if request.out_dir is not None:
-        files = [f for f in files if out not in f.resolve().parents]
+        files = [f for f in files if out not in real_path(f).parents]
     rules = select_rules(*_selection(request))
     codes = tuple(r.code for r in rules)
     base = _base_of(request.paths)
@@ -101,7 +102,9 @@ def summarize(request: MigrateRequest, results: list[FileResult],
     """`extra`: findings outside the Python files (launch lines in shell scripts)."""
     findings = [f for r in results for f in r.findings] + list(extra or [])
     changed = sum(r.changed for r in results)
-    fixes = sum(f.applied for f in findings)
+    # A file that could not be written (read-only, say) has no fixes applied.
+    fixes = sum(f.applied for r in results if r.error is None for f in r.findings) + sum(
+        f.applied for f in extra or [])
     manual = sum(f.needs_person for f in findings)
     errors = sum(r.error is not None for r in results)
     summary = {
@@ -146,6 +149,10 @@ def shell_findings(request: MigrateRequest) -> tuple[list, int]:
 
 def run_migrate(request: MigrateRequest) -> int:
     jobs = build_jobs(request)
+    if request.mode in (Mode.WRITE, Mode.OUT):
+        # What a run killed between writing a temporary file and renaming it left behind.
+        remove_stale_temp_files(
+            (j.out_path if request.mode is Mode.OUT else j.path).parent for j in jobs)
     workers = request.jobs or os.cpu_count() or 1
     show_progress = (
         request.fmt is Format.TEXT and sys.stderr.isatty() and len(jobs) >= PROGRESS_MIN_FILES

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 
@@ -58,6 +59,11 @@ def string_value(expr: cst.BaseExpression) -> str | None:
     return None
 
 
+def integer_value(expr: cst.BaseExpression) -> int | None:
+    """The value of an integer literal in any base (`0xFF`, `0o17`, `1_000`), else None."""
+    return expr.evaluated_value if isinstance(expr, cst.Integer) else None
+
+
 def is_cuda_device_string(expr: cst.BaseExpression) -> bool:
     """"cuda", "cuda:0", f"cuda:{rank}", "cuda:%d" % r, "cuda:{}".format(r), "cuda:" + str(r)."""
     value = string_value(expr)
@@ -93,6 +99,16 @@ def with_string(expr: cst.SimpleString, value: str) -> cst.SimpleString:
 def find_keyword(call: cst.Call, name: str) -> cst.Arg | None:
     """The `name=...` argument of a call, if given."""
     return next((a for a in call.args if a.keyword and a.keyword.value == name), None)
+
+
+def plain_positional(call: cst.Call) -> list[cst.Arg]:
+    """The positional arguments before any `*args` (whose positions a rule can know)."""
+    plain = []
+    for arg in call.args:
+        if arg.keyword is not None or arg.star:
+            break
+        plain.append(arg)
+    return plain
 
 
 def keyword_arg(name: str, expr: cst.BaseExpression) -> cst.Arg:
@@ -190,6 +206,23 @@ class Report:
     extra: dict = field(default_factory=dict)
 
 
+def _cuda_only_module(path: str) -> str | None:
+    """A package module whose package path says cuda, cudnn, triton or nccl (torch/cuda/amp,
+    torch/_dynamo/backends/cudagraphs.py, bitsandbytes/triton/...) is CUDA's own code."""
+    if not path:
+        return None
+    file = Path(path)
+    parts = [file.stem]
+    folder = file.parent
+    while (folder / "__init__.py").is_file() and folder != folder.parent:
+        parts.append(folder.name)
+        folder = folder.parent
+    if len(parts) == 1:
+        return None  # a script, not a package's module (fixtures' cuda.py included)
+    hit = next((p for p in parts if re.search(r"cuda|cudnn|triton|nccl", p, re.I)), None)
+    return f"module `{'.'.join(reversed(parts))}` is CUDA's own code ({hit})" if hit else None
+
+
 class MigrationContext:
     def __init__(
         self, module: cst.Module, target: str, unsafe_fixes: bool, source: str = "",
@@ -208,6 +241,12 @@ class MigrationContext:
         self.side_effect_imports: set[str] = set()
         self.helpers_needed: set[str] = set()
         self.handled: set[int] = set()  # id() of nodes a rule already spoke for
+        # id() of a rewritten guard -> (what was written, its report, negated): guards.py
+        self.guards: dict[int, tuple[cst.CSTNode, Report, bool, cst.CSTNode]] = {}
+        self.guarded_after: dict[int, list[int]] = {}  # id(if) -> its guards that exit
+        # why the enclosing functions (or this module) are CUDA-only code: findings only
+        self.cuda_only: list[str] = [why] if (why := _cuda_only_module(path)) else []
+        self.assign_targets: list[list[str]] = []  # names the enclosing assignments bind
         self.in_import = False
         self.claimed: set[str] = set()  # qualified names some active rule rewrites
         self.current_top: cst.CSTNode | None = None
@@ -223,10 +262,41 @@ class MigrationContext:
         # The target's device, as the device rule (TPU101) maps it: an object, what `.to()`
         # and `device=` take when the script has no device variable, and the type string.
         device = load_rules()["TPU101"].target(target)
-        self.device_object: str = device["replace"]
-        self.device_move: str = device.get("move_to", self.device_object)
+        self._device_object: str = device["replace"]
+        self._device_move: str = device.get("move_to", self._device_object)
+        # What names the device without starting the runtime (`torch.device("xla")`), for
+        # code a package module runs when it is imported.
+        self._device_at_import: str = device.get("at_import", self._device_object)
         self.device_type: str = device["device_type"]
         self.device_module: str = device["imports"][0]
+        # A module of a package runs its top level, its defaults and decorators when it is
+        # imported: the XLA runtime must not start there (a script's top level is its program).
+        name = Path(path).name if path else ""
+        self.package_module = bool(path) and (
+            name == "__init__.py" or (Path(path).parent / "__init__.py").is_file())
+        self.header_depth = 0  # inside parameters (defaults) and decorators of `functions`
+
+    def at_import_time(self) -> bool:
+        """Does the current code run when this package module is imported?"""
+        return self.package_module and len(self.functions) == self.header_depth
+
+    @property
+    def device_object_in_code(self) -> str:
+        """The target's device where code runs after import (in functions, in scripts)."""
+        return self._device_object
+
+    @property
+    def device_object(self) -> str:
+        """The target's device, as the device rule (TPU101) maps it."""
+        if self.at_import_time():
+            self.need_import(self.device_module)
+            return self._device_at_import
+        return self._device_object
+
+    @property
+    def device_move(self) -> str:
+        """What `.to()` and `device=` take when the script has no device variable."""
+        return self.device_object if self.at_import_time() else self._device_move
 
     # -- names -------------------------------------------------------------------
     def add_import(self, node: cst.Import) -> None:
@@ -339,6 +409,8 @@ class MigrationContext:
 
     # -- fixes and findings ---------------------------------------------------------
     def can_fix(self, rule: Rule) -> bool:
+        if self.cuda_only:
+            return False  # CUDA-only code (guards.cuda_only_function): findings only
         fix = rule.fix_for(self.target)
         return fix is FixKind.SAFE or (fix is FixKind.UNSAFE and self.unsafe_fixes)
 
@@ -354,6 +426,8 @@ class MigrationContext:
         self.handled.add(id(node))
         if isinstance(node, cst.Call):
             self.handled.add(id(node.func))
+        if self.cuda_only and not applied and fix is None and rule.fix is not FixKind.NONE:
+            message += f" (not rewritten: {self.cuda_only[-1]}: port it by hand)"
         self.reports.append(Report(rule, node, message, applied, self.current_top, fix, extra))
 
     def _needs(self, template: str) -> str:
@@ -378,6 +452,15 @@ class MigrationContext:
 
     def statement(self, template: str) -> cst.BaseSmallStatement:
         return cst.parse_statement(self._needs(template)).body[0]
+
+    def add_guard(self, replacement: cst.CSTNode, original: cst.CSTNode,
+                  negated: bool = False, shown: cst.CSTNode | None = None) -> None:
+        """`replacement` (just reported) rewrote part of what may be an `if` test: a guard,
+        put back by the engine if what it guards is not ported (guards.py). `negated`: the
+        test is true when the original was false (`device.type != "cuda"`); `shown`: what the
+        finding quotes (the comparison a literal is part of)."""
+        self.guards[id(replacement)] = (original, self.reports[-1], negated,
+                                        shown if shown is not None else original)
 
     def need_import(self, alias: str) -> None:
         self.imports_needed.add(alias)

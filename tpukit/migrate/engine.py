@@ -18,9 +18,15 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
 
 from tpukit.config import EAGER_MODES
-from tpukit.findings import Finding, Location
+from tpukit.findings import Finding, FixKind, Location
 from tpukit.migrate import helpers
-from tpukit.migrate.context import IMPORTS, MigrationContext, dotted
+from tpukit.migrate.context import IMPORTS, MigrationContext, dotted, string_value, terminal_name
+from tpukit.migrate.guards import (
+    cuda_only_function,
+    restore_after,
+    restore_flags,
+    restore_unported,
+)
 from tpukit.migrate.prune import Layout
 from tpukit.migrate.transforms import load_transforms
 from tpukit.migrate.transforms.base import HookTable, StatementPlan, transform_for
@@ -85,7 +91,12 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
             triggers |= transforms[-1].extra_triggers(source)
     layout = Layout(module, source, tuple(sorted(triggers)))
     rewriter = Rewriter(ctx, HookTable(transforms), layout)
-    new_module = module.visit(rewriter)
+    try:
+        new_module = module.visit(rewriter)
+    except (RecursionError, MigrationBug):
+        raise
+    except Exception as exc:  # a rule's bug: said at the statement it was rewriting
+        raise MigrationBug(f"{type(exc).__name__}: {exc}", _line_of(ctx.current_top, layout)) from exc
     if not ctx.reports:
         return Migration(source, source)
     findings = _findings(ctx, module, layout, path)
@@ -125,7 +136,23 @@ def _set_eager_mode(module: cst.Module, ctx: MigrationContext, mode: str) -> cst
 
 
 class MigrationBug(Exception):
-    """tpukit produced code that does not compile: the file is left as it was."""
+    """tpukit failed on this file (a rule raised, or its output would not compile): the file is
+    left as it was. `line`: where, when known."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+def _is_none(expr: cst.BaseExpression | None) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "None"
+
+
+def _line_of(top: cst.CSTNode | None, layout: Layout) -> int | None:
+    """The first code line of a top-level statement (after its leading blank lines)."""
+    if top is None or id(top) not in layout.first_line:
+        return None
+    return layout.first_line[id(top)] + len(getattr(top, "leading_lines", ()))
 
 
 def compiles(source: str, path: str) -> SyntaxError | None:
@@ -145,8 +172,7 @@ def _check_still_python(source: str, new_source: str, path: str) -> None:
             return  # newer syntax than this interpreter reads; libcst parsed it, so keep going
         raise MigrationBug(
             f"the rewrite would not compile (line {exc.lineno}: {exc.msg}); file left unchanged, "
-            "please report this"
-        )
+            "please report this")
 
 
 def _positions(module: cst.Module, layout: Layout, reports) -> dict:
@@ -226,30 +252,45 @@ class Rewriter(cst.CSTTransformer):
             for target in node.targets:
                 if isinstance(target.target, cst.Name):
                     ctx.bind_device(target.target.value)
-        elif isinstance(node, (cst.FunctionDef, cst.Lambda)):
+        if isinstance(node, cst.Assign):
+            ctx.assign_targets.append([terminal_name(t.target) for t in node.targets])
+        if isinstance(node, cst.FunctionDef) and (why := cuda_only_function(node)):
+            ctx.cuda_only.append(why)
+        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
             params = node.params.params + node.params.kwonly_params + node.params.posonly_params
-            ctx.push_scope({p.name.value for p in params if p.name.value == "device"})
+            # `device=None` is no device: `.cuda(device)` there means the current one.
+            ctx.push_scope({p.name.value for p in params if p.name.value == "device"
+                            and not _is_none(p.default)})
             ctx.functions.append(node)
+        elif isinstance(node, (cst.Param, cst.Decorator)):
+            ctx.header_depth += 1  # evaluated where the def is, not when it is called
         elif isinstance(node, (cst.If, cst.For, cst.While)):
             ctx.enter_branches(node)
         elif isinstance(node, cst.BaseSuite):
             ctx.enter_block(node)
         for hook in self.hooks.visit.get(type(node).__name__, ()):
+            reported = len(ctx.reports)
             plan = hook(node)
             if plan is not None:
                 if isinstance(plan, StatementPlan):
                     self.statement_plans[node] = plan
                 else:
-                    self.planned[node] = plan
+                    self.planned[node] = _unless_splats_lost(ctx, node, plan, reported)
                 return False
         return True
 
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
         if id(original) in self.skip:
             return updated
+        if isinstance(original, cst.Assign):
+            self.ctx.assign_targets.pop()
+        if isinstance(original, cst.FunctionDef) and cuda_only_function(original):
+            self.ctx.cuda_only.pop()
         if isinstance(original, (cst.FunctionDef, cst.Lambda)):
             self.ctx.pop_scope()
             self.ctx.functions.pop()
+        elif isinstance(original, (cst.Param, cst.Decorator)):
+            self.ctx.header_depth -= 1
         elif isinstance(original, cst.BaseSuite):
             self.ctx.leave_block(original)
         elif isinstance(original, cst.If):
@@ -270,16 +311,23 @@ class Rewriter(cst.CSTTransformer):
             if not isinstance(updated, cst.SimpleStatementLine) or updated in self.removed_lines:
                 return updated
         for hook in self.hooks.leave.get(type(original).__name__, ()):
+            reported = len(self.ctx.reports)
             result = hook(original, updated)
             if result is not None:
-                updated = result
+                updated = _unless_splats_lost(self.ctx, updated, result, reported)
                 if isinstance(updated, (cst.FlattenSentinel, cst.RemovalSentinel)):
                     return updated
+        if self.ctx.guards and isinstance(updated, (cst.If, cst.IfExp)):
+            updated = restore_unported(self.ctx, updated)
+        elif self.ctx.guards and isinstance(updated, cst.Assign):
+            updated = restore_flags(self.ctx, updated)
         if isinstance(updated, cst.SimpleStatementLine):
             return self._apply_line_plans(original, updated)
         if isinstance(updated, cst.SimpleStatementSuite):
             return self._apply_suite_plans(original, updated)
         if isinstance(updated, (cst.IndentedBlock, cst.Module)):
+            if self.ctx.guarded_after:
+                updated = restore_after(self.ctx, updated)
             return self._place_removal_comments(updated)
         return updated
 
@@ -360,6 +408,40 @@ class Rewriter(cst.CSTTransformer):
         return block.with_changes(body=body)
 
 
+def _arg_code(arg: cst.Arg) -> str:
+    return arg.star + _EMPTY.code_for_node(arg.value)
+
+
+_EMPTY = cst.Module(body=[])
+
+
+def _unless_splats_lost(ctx: MigrationContext, before: cst.CSTNode, after: cst.CSTNode,
+                        reported: int) -> cst.CSTNode:
+    """A call's `*args` and `**kwargs` hold arguments no rule can see: a rewrite of the call
+    that drops one, or that adds a keyword a `**kwargs` may already hold (a TypeError at run
+    time), is not applied; the rule's findings from it say so, for a person to port."""
+    if not (isinstance(before, cst.Call) and isinstance(after, cst.Call)) or before is after:
+        return after
+    splats = [a for a in before.args if a.star]
+    if not splats:
+        return after
+    kept = {_arg_code(a) for a in after.args if a.star}
+    lost = [a for a in splats if _arg_code(a) not in kept]
+    had = {a.keyword.value for a in before.args if a.keyword}
+    added = [a.keyword.value for a in after.args if a.keyword and a.keyword.value not in had]
+    double = next((a for a in splats if a.star == "**"), None)
+    if not lost and not (added and double is not None):
+        return after
+    why = (f"`{_arg_code(lost[0])}` would be dropped" if lost else
+           f"`{added[0]}=` may be in `{_arg_code(double)}` already (a TypeError)")
+    for report in ctx.reports[reported:]:
+        report.applied = False
+        report.fix = FixKind.NONE
+        report.message += (f"; not rewritten: {why}, and tpukit cannot see what it holds: "
+                           "port this call by hand")
+    return before
+
+
 def _removal_comment(comments: list[str], trailing: cst.TrailingWhitespace) -> str:
     text = COMMENT_PREFIX + "; ".join(comments)
     if trailing.comment is not None:
@@ -402,6 +484,11 @@ def _fix_imports(module: cst.Module, ctx: MigrationContext) -> cst.Module:
         needed.update(helpers.IMPORTS_OF[helper])
     if not needed and not ctx.side_effect_imports:
         return module
+    if ctx.package_module and ctx.target == "xla" and not ctx.side_effect_imports \
+            and not ctx.helpers_needed:
+        local = _import_in_functions(module, needed, ctx)
+        if local is not None:
+            return local
     context = CodemodContext()
     for alias in sorted(needed):
         mod, asname = IMPORTS[alias]
@@ -409,6 +496,101 @@ def _fix_imports(module: cst.Module, ctx: MigrationContext) -> cst.Module:
     for mod in sorted(ctx.side_effect_imports):
         AddImportsVisitor.add_needed_import(context, mod)
     return AddImportsVisitor(context).transform_module(module)
+
+
+def _import_in_functions(module: cst.Module, needed: set[str],
+                         ctx: MigrationContext) -> cst.Module | None:
+    """A package module whose rewritten code uses torch_xla only in function bodies imports it
+    there, so that importing the module neither imports torch_xla nor needs it installed;
+    None when some use runs at import time (then the imports go at the top, as for scripts)."""
+    wanted = {a for a in needed if ctx.aliases.get(IMPORTS[a][1] or IMPORTS[a][0]) is None}
+    if not wanted:
+        return module
+    if "torch" in wanted:
+        return None
+    finder = _FunctionUses(wanted)
+    module.visit(finder)
+    if finder.at_import or not finder.uses:
+        return None
+    return module.visit(_AddLocalImports(finder.uses))
+
+
+class _FunctionUses(cst.CSTVisitor):
+    """Which outermost functions (module-level defs and methods of module-level classes) use
+    which of `aliases` (a "xla" string counts as torch_xla), and whether anything outside
+    them (import-time code: top level, class bodies, defaults, decorators) does."""
+
+    def __init__(self, aliases: set[str]) -> None:
+        self.aliases = aliases
+        self.uses: dict[int, set[str]] = {}  # id(outermost FunctionDef) -> aliases
+        self.at_import = False
+        self.outer: cst.FunctionDef | None = None
+        self.in_body = False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        if self.outer is not None:
+            return True
+        self.outer = node
+        for part in (*node.decorators, node.params, node.returns):
+            if part is not None:
+                part.visit(self)  # evaluated where the def is: import time
+        self.in_body = True
+        node.body.visit(self)
+        self.in_body, self.outer = False, None
+        return False
+
+    def visit_Import(self, node) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node) -> bool:
+        return False
+
+    def _use(self, alias: str) -> None:
+        if alias not in self.aliases:
+            return
+        if self.outer is None or not self.in_body or not isinstance(self.outer.body, cst.IndentedBlock):
+            self.at_import = True
+        else:
+            self.uses.setdefault(id(self.outer), set()).add(alias)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self._use(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)  # `x.xm` is not a use of xm
+        return False
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        if "xla" in node.value and string_value(node) in _NameUses.DEVICE_STRINGS:
+            self._use("torch_xla")
+
+
+class _AddLocalImports(cst.CSTTransformer):
+    def __init__(self, uses: dict[int, set[str]]) -> None:
+        self.uses = uses
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):
+        aliases = self.uses.get(id(original))
+        if not aliases:
+            return updated
+        lines = []
+        for alias in sorted(aliases):
+            mod, asname = IMPORTS[alias]
+            lines.append(cst.parse_statement(
+                f"import {mod} as {asname}\n" if asname else f"import {mod}\n"))
+        body = list(updated.body.body)
+        first = 1 if body and _is_docstring(body[0]) else 0
+        if first < len(body) and lines:
+            lines[0] = lines[0].with_changes(leading_lines=body[first].leading_lines)
+            body[first] = body[first].with_changes(leading_lines=())
+        body[first:first] = lines
+        return updated.with_changes(body=updated.body.with_changes(body=body))
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+            and isinstance(stmt.body[0], cst.Expr)
+            and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
 
 
 class _NameUses(cst.CSTVisitor):

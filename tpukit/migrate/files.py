@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import io
 import os
 import stat
+import tokenize
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -19,6 +21,7 @@ from typing import Iterator
 import libcst as cst
 
 from tpukit.atomic import atomic_write
+from tpukit.config import real_path
 from tpukit.findings import FileError, Finding
 from tpukit.migrate.engine import MigrateOptions, MigrationBug, compiles, migrate_source
 from tpukit.rules import load_rules
@@ -59,7 +62,7 @@ def _excluded(path: Path, patterns: list[str], root: Path) -> bool:
     if not patterns:
         return False
     try:
-        rel = path.resolve().relative_to(root.resolve()).as_posix()
+        rel = real_path(path).relative_to(real_path(root)).as_posix()
     except ValueError:
         rel = path.as_posix()
     parts = rel.split("/")
@@ -102,7 +105,7 @@ def display_path(path: Path) -> str:
     # abspath, not resolve: a symlink is shown under its own name.
     absolute = Path(os.path.abspath(path))
     try:
-        return absolute.relative_to(Path.cwd().resolve()).as_posix()
+        return absolute.relative_to(real_path(Path.cwd())).as_posix()
     except ValueError:
         return path.as_posix()
 
@@ -113,8 +116,15 @@ def _line_col(data: bytes, offset: int) -> tuple[int, int]:
     return line, offset - (data.rfind(b"\n", 0, offset) + 1) + 1
 
 
-def read_source(path: Path, display: str) -> tuple[str, str] | FileError:
-    """(text, BOM prefix) or the reason the file cannot be migrated."""
+@dataclass
+class Source:
+    text: str
+    bom: str = ""  # "\ufeff" when the file starts with one (written back before the text)
+    encoding: str = "utf-8"  # a PEP 263 coding declaration's, else UTF-8
+
+
+def read_source(path: Path, display: str) -> Source | FileError:
+    """The file's text, as Python reads it, or the reason the file cannot be migrated."""
     try:
         data = path.read_bytes()
     except IsADirectoryError:
@@ -126,14 +136,21 @@ def read_source(path: Path, display: str) -> tuple[str, str] | FileError:
     if b"\0" in data:
         line, col = _line_col(data, data.index(b"\0"))
         return FileError(display, "binary file (NUL byte), not Python source", line, col)
+    try:  # PEP 263: `# -*- coding: latin-1 -*-` on line 1 or 2; a BOM means UTF-8
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:
+        if "invalid or missing encoding" not in str(exc):  # an unknown or contradicted one
+            return FileError(display, f"coding declaration: {exc}")
+        encoding = "utf-8"  # undeclared bytes that are not UTF-8: said at their byte below
     bom = ""
-    if data.startswith(b"\xef\xbb\xbf"):
-        data, bom = data[3:], "\ufeff"
+    if encoding == "utf-8-sig":
+        data, bom, encoding = data[3:], "\ufeff", "utf-8"
     try:
-        return data.decode("utf-8"), bom
+        return Source(data.decode(encoding), bom, encoding)
     except UnicodeDecodeError as exc:
         line, col = _line_col(data, exc.start)
-        return FileError(display, f"not UTF-8 (byte 0x{data[exc.start]:02x})", line, col)
+        name = "UTF-8" if encoding == "utf-8" else f"{encoding} as it declares"
+        return FileError(display, f"not {name} (byte 0x{data[exc.start]:02x})", line, col)
 
 
 def _syntax_error(display: str, source: str, exc: cst.ParserSyntaxError) -> FileError:
@@ -157,7 +174,7 @@ def process(job: Job) -> FileResult:
     if isinstance(read, FileError):
         result.error = read
         return result
-    source, bom = read
+    source, bom = read.text, read.bom
     rules = load_rules()
     options = MigrateOptions(
         rules=[rules[c] for c in job.codes],
@@ -172,7 +189,7 @@ def process(job: Job) -> FileResult:
         result.error = _syntax_error(job.display, source, exc)
         return result
     except MigrationBug as exc:
-        result.error = FileError(job.display, f"internal error: {exc}")
+        result.error = FileError(job.display, f"internal error in tpukit: {exc}", exc.line or 1)
         return result
     except RecursionError:
         result.error = FileError(job.display, "too deeply nested for the parser")
@@ -183,10 +200,12 @@ def process(job: Job) -> FileResult:
             if _read_only(job.path):
                 result.error = FileError(job.display, "read-only file: not rewritten")
                 return result
-            atomic_write(job.path, bom + migration.new_source, job.path.stat().st_mode)
+            atomic_write(job.path, bom + migration.new_source, like=job.path.stat(),
+                         encoding=read.encoding)
         elif job.mode is Mode.OUT and job.out_path is not None:
             job.out_path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(job.out_path, bom + migration.new_source, job.path.stat().st_mode)
+            atomic_write(job.out_path, bom + migration.new_source, job.path.stat().st_mode,
+                         encoding=read.encoding)
         elif job.mode is Mode.DIFF and migration.changed:
             result.diff = "".join(
                 difflib.unified_diff(
@@ -196,6 +215,10 @@ def process(job: Job) -> FileResult:
                     tofile=f"b/{job.display}",
                 )
             )
+    except UnicodeEncodeError as exc:
+        result.error = FileError(job.display, f"cannot write: the rewrite holds characters "
+                                 f"{read.encoding} cannot encode ({exc.reason})")
+        return result
     except OSError as exc:
         result.error = FileError(job.display, f"cannot write: {exc.strerror or exc}")
         return result

@@ -216,9 +216,12 @@ class GradScaler(Transform):
             )
         if method == "step" and updated.args:
             optimizer = updated.args[0].value
+            # scaler.step(opt, *args, **kwargs) passes the rest to opt.step: kept.
+            rest = with_commas(list(updated.args[1:]))
             return self.fix_or_report(
                 original, f"`{self.ctx.short(original)}` -> a plain optimizer step (bf16)",
-                lambda: cst.Call(func=cst.Attribute(value=optimizer, attr=cst.Name("step"))),
+                lambda: cst.Call(func=cst.Attribute(value=optimizer, attr=cst.Name("step")),
+                                 args=rest),
             )
         if method == "get_scale":
             return self.fix_or_report(original, "no loss scale in bf16: 1.0", lambda: cst.Float("1.0"))
@@ -270,6 +273,62 @@ class FusedOptimizer(Transform):
                      "into the step graph itself: removed", code=self.ctx.short(original.args[fused])),
             build,
         )
+
+
+    # Optimizer arguments gathered first (transformers' Trainer: `optimizer_kwargs.update(
+    # {"fused": True})`, then `optimizer_cls(params, **optimizer_kwargs)`): "fused" -> False.
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.optimizer_dicts: set[int] = set()  # id() of dicts that hold optimizer arguments
+
+    def visit_Call(self, node: cst.Call):
+        func = node.func
+        if (isinstance(func, cst.Attribute) and func.attr.value in ("update", "setdefault")
+                and "optim" in terminal_name(func.value).lower()):
+            self.optimizer_dicts.update(id(a.value) for a in node.args)
+
+    def visit_Assign(self, node: cst.Assign):
+        if any("optim" in terminal_name(t.target).lower() for t in node.targets):
+            self.optimizer_dicts.add(id(node.value))
+
+    def _fused_on(self, value: cst.BaseExpression) -> bool:
+        return not (isinstance(value, cst.Name) and value.value in ("False", "None"))
+
+    def _turn_off(self, node: cst.CSTNode, code: str, build):
+        return self.fix_or_report(
+            node, self.say("fused_argument", "`{code}`: an optimizer's `fused=True` runs CUDA "
+                           "kernels that XLA tensors do not have (the optimizer raises); XLA "
+                           "fuses the update into the step graph itself: set to False",
+                           code=code), build)
+
+    def leave_Dict(self, original: cst.Dict, updated: cst.Dict):
+        keys = {string_value(e.key): i for i, e in enumerate(original.elements)
+                if isinstance(e, cst.DictElement)}
+        at = keys.get("fused")
+        if at is None or not self._fused_on(original.elements[at].value):
+            return None
+        if id(original) not in self.optimizer_dicts and not keys.keys() & OPTIMIZER_KEYS:
+            return None
+        element = original.elements[at]
+        elements = list(updated.elements)
+        elements[at] = elements[at].with_changes(value=cst.Name("False"))
+        return self._turn_off(element, self.ctx.short(element),
+                              lambda: updated.with_changes(elements=elements))
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
+        # optimizer_kwargs["fused"] = True
+        target = original.targets[0].target if len(original.targets) == 1 else None
+        if not (isinstance(target, cst.Subscript) and len(target.slice) == 1
+                and isinstance(target.slice[0].slice, cst.Index)
+                and string_value(target.slice[0].slice.value) == "fused"
+                and "optim" in terminal_name(target.value).lower()
+                and self._fused_on(original.value)):
+            return None
+        return self._turn_off(original, self.ctx.short(original),
+                              lambda: updated.with_changes(value=cst.Name("False")))
+
+
+OPTIMIZER_KEYS = {"lr", "betas", "eps", "weight_decay", "momentum", "amsgrad", "foreach"}
 
 
 @transform("TPU205")

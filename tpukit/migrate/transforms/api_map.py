@@ -10,6 +10,9 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
   value_ok    a `statements`/`remove` entry whose call, used as a value, is right as it is
               (`with torch.tpu.set_eager_mode(m):` is the context manager's own use)
   when        a regular expression the call's source must match for the entry to apply
+  otherwise   the finding's message for a call `when` does not match (no rewrite)
+  as_device   the `replace` template where the call's value is used as a device (`.to(...)`,
+              `device=`, `map_location=`, a `device_map` dict; `as_device_note`: its note)
   before_launch  the `replace` template to use instead in a launcher's scope (the function or
               top level that calls mp.spawn / torch_xla.launch), where the XLA runtime must
               not be initialised yet (`before_launch_note`: its note, `before_launch_helper`:
@@ -23,6 +26,8 @@ import re
 import libcst as cst
 
 from tpukit.findings import FixKind
+from tpukit.migrate.context import terminal_name
+from tpukit.migrate.transforms.devices import attribute_names
 from tpukit.migrate.transforms.base import StatementPlan, Transform, engine
 
 
@@ -31,8 +36,11 @@ class CallMap(Transform):
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self.calls: dict[str, dict] = self.mapping.get("calls", {})
+        self.as_device = any("as_device" in entry for entry in self.calls.values())
+        self.device_arguments: set[int] = set()  # id() of expressions used as a device
 
-    def _entry(self, call: cst.BaseExpression) -> tuple[str, dict] | tuple[None, None]:
+    def _entry(self, call: cst.BaseExpression,
+               report_otherwise: bool = False) -> tuple[str, dict] | tuple[None, None]:
         if not isinstance(call, cst.Call):
             return None, None
         name = self.ctx.qualify(call.func)
@@ -40,6 +48,8 @@ class CallMap(Transform):
         if entry is None:
             return None, None
         if "when" in entry and not re.search(entry["when"], self.ctx.code(call)):
+            if report_otherwise and "otherwise" in entry:
+                self._manual(call, entry["otherwise"])
             return None, None
         return name, entry
 
@@ -74,8 +84,34 @@ class CallMap(Transform):
             )
         return plan
 
+    def _mark_device_arguments(self, node: cst.Call) -> None:
+        """Remember the arguments of `node` that take a device, for the calls inside them."""
+        func = node.func
+        # x.to(d), x.cuda(d), torch.device(d), send_to_device(batch, d): the first arguments
+        moves = isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda")
+        if terminal_name(func).endswith("to_device"):
+            self.device_arguments.update(id(a.value) for a in node.args[:2] if not a.keyword)
+        for i, arg in enumerate(node.args):
+            if (arg.keyword is None and not arg.star and i == 0
+                    and (moves or self.ctx.qualify(func) == "torch.device")) or (
+                    arg.keyword is not None and arg.keyword.value in DEVICE_KEYWORDS):
+                self.device_arguments.add(id(arg.value))
+                if isinstance(arg.value, cst.Dict):  # device_map={"": ...}
+                    self.device_arguments.update(
+                        id(e.value) for e in arg.value.elements if isinstance(e, cst.DictElement))
+
+    def visit_Return(self, node: cst.Return) -> None:
+        # def get_device(...): return torch.cuda.current_device(): what it returns is a device
+        function = self.ctx.functions[-1] if self.ctx.functions else None
+        if (self.as_device and node.value is not None and isinstance(function, cst.FunctionDef)
+                and "device" in function.name.value.lower()
+                and "index" not in function.name.value.lower()):
+            self.device_arguments.add(id(node.value))
+
     def visit_Call(self, node: cst.Call):
-        name, entry = self._entry(node)
+        if self.as_device:
+            self._mark_device_arguments(node)
+        name, entry = self._entry(node, report_otherwise=True)
         if entry is None:
             return None
         if "replace" not in entry:
@@ -89,10 +125,31 @@ class CallMap(Transform):
             self._manual(node, text)
             return None
         template = entry["replace"]
-        if "before_launch" in entry and self.ctx.in_launcher():
+        held = [n for n in (self.ctx.assign_targets[-1] if self.ctx.assign_targets else ())
+                if n in attribute_names(self.ctx)]
+        if held:  # device_type = ...; getattr(torch, device_type): a module's name
+            self._manual(node, f"`{held[0]}` is read as an attribute name (`getattr(..., "
+                         f"{held[0]})`); `{self._format(template, node)}` would name no module "
+                         "there: port by hand")
+            return None
+        if "as_device" in entry and id(node) in self.device_arguments:
+            template = entry["as_device"]
+            entry = {**entry, "note": entry.get("as_device_note", entry.get("note"))}
+        elif "before_launch" in entry and self.ctx.in_launcher():
             template = entry["before_launch"]
             entry = {**entry, "note": entry.get("before_launch_note", entry.get("note")),
                      "helper": entry.get("before_launch_helper")}
+        elif self.ctx.at_import_time() and STARTS_RUNTIME.search(template):
+            if "before_launch" in entry:  # what runs before torch_xla.launch runs here too
+                template = entry["before_launch"]
+                entry = {**entry, "note": "this runs when the module is imported, where the "
+                         "XLA runtime must not start yet: " + entry.get("note", ""),
+                         "helper": entry.get("before_launch_helper")}
+            else:
+                self._manual(node, f"`{self._format(template, node)}` would start the XLA "
+                             "runtime when this module is imported; move the call into the "
+                             "function that needs it, then port it")
+                return None
         new = self._format(template, node)
 
         def build():
@@ -100,4 +157,12 @@ class CallMap(Transform):
                 self.ctx.helpers_needed.add(entry["helper"])
             return self.ctx.expr(new)
 
-        return self.fix_or_report(node, self._describe(node, new, entry), build)
+        replacement = self.fix_or_report(node, self._describe(node, new, entry), build)
+        if replacement is not None and name in GUARDS:
+            self.ctx.add_guard(replacement, node)
+        return replacement
+
+GUARDS = {"torch.cuda.is_available", "torch.accelerator.is_available"}
+DEVICE_KEYWORDS = ("device", "map_location", "device_map")
+# torch_xla calls that start the runtime (xr.device_type() only reads the environment).
+STARTS_RUNTIME = re.compile(r"torch_xla\.device(?:_count)?\(|\bxm\.|\bxr\.(?!device_type\()")

@@ -7,13 +7,32 @@ import re
 
 import libcst as cst
 
-from tpukit.migrate.context import is_cuda_device_string, terminal_name
+from tpukit.migrate.context import is_cuda_device_string, keyword_arg, terminal_name
 from tpukit.migrate.transforms.base import Transform, transform
 from tpukit.migrate.transforms.devices import names_a_device
 
 _DICT_ASSIGN = re.compile(r"(\w+)\s*=\s*\{")
 _STATE_ASSIGN = re.compile(r"(\w+)\s*=\s*[\w.]+\.state_dict\s*\(")  # ckp = m.module.state_dict()
 STATE_WORDS = ("state", "checkpoint", "ckpt", "snapshot")
+# A path built from the process's rank (f"rng_state_{rank}.pth", args.process_index, a name
+# assigned such a path): every process writes its own file.
+_RANK_WORDS = r"rank|process_index|ordinal|local_process|worker_id|proc_id|getpid"
+_RANK = re.compile(_RANK_WORDS, re.I)
+_ASSIGN_LINE = re.compile(r"^[ \t]*([\w.]+)[ \t]*=(?!=)([^\n]*)", re.M)
+
+
+def rank_path_names(source: str) -> set[str]:
+    """Names assigned a path built from the rank, directly or through other such names
+    (accelerate: states_name = f"{RNG_STATE_NAME}_{process_index}.pkl", then
+    output_states_file = output_dir.joinpath(states_name))."""
+    assigns = _ASSIGN_LINE.findall(source)
+    names = {name for name, value in assigns if _RANK.search(value)}
+    while True:
+        words = re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")\b") if names else None
+        more = {name for name, value in assigns if name not in names and words and words.search(value)}
+        if not more:
+            return names
+        names |= more
 # loc = 'cuda:{}'.format(args.gpu) / device = "cuda" / dev = torch.device("cuda", rank)
 _CUDA_ASSIGN = re.compile(r"""(\w+)\s*=\s*(?:torch\.device\(\s*)?f?['"]cuda\b""")
 
@@ -54,12 +73,36 @@ class CheckpointSave(Transform):
             return None
         if extra:
             return None  # pickle options xm.save does not take: leave it to a person
+        if self._per_rank(node):
+            # xm.save writes on the master only: the other ranks' files would never be written.
+            return self.fix_or_report(
+                node,
+                f"`{self.ctx.short(node)}` writes a file per rank (the path names the rank): "
+                "`xm.save(..., master_only=False)` moves XLA tensors to the CPU and still writes "
+                "on every process (plain `xm.save` writes on the master only)",
+                lambda: self._save_everywhere(node, updated),
+            )
         return self.fix_or_report(
             node,
             f"`{self.ctx.short(node)}`: XLA tensors must be moved to the CPU and written once; "
             "`xm.save` does both",
             lambda: self.ctx.with_func(node, updated, self.ctx.expr("xm.save")),
         )
+
+    def _per_rank(self, node: cst.Call) -> bool:
+        path = node.args[1].value if len(node.args) > 1 else None
+        if path is None:
+            return False
+        if _RANK.search(self.ctx.code(path)):
+            return True
+        names = self.ctx.memo("rank_paths", lambda: rank_path_names(self.ctx.source))
+        return self.ctx.code(path) in names
+
+    def _save_everywhere(self, node: cst.Call, updated: cst.Call) -> cst.Call:
+        call = self.ctx.with_func(node, updated, self.ctx.expr("xm.save"))
+        args = list(call.args)
+        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return call.with_changes(args=[*args, keyword_arg("master_only", cst.Name("False"))])
 
 
 @transform("TPU305")

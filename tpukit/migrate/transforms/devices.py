@@ -15,6 +15,7 @@ import re
 
 import libcst as cst
 
+from tpukit.findings import FixKind
 from tpukit.migrate.context import (
     dotted,
     is_cpu_device,
@@ -67,6 +68,21 @@ def names_a_device(expr: cst.BaseExpression) -> bool:
     return "device" in name or name in ("dev", "type")
 
 
+_GETATTR_NAME = re.compile(r"\bgetattr\(\s*[\w.]+\s*,\s*(\w+)\s*[,)]")
+
+
+def attribute_names(ctx) -> set[str]:
+    """Names this file uses as attribute names (`getattr(torch, device)`): a "cuda" they hold
+    names the `torch.cuda` module, not a device."""
+    return ctx.memo("attribute_names", lambda: set(_GETATTR_NAME.findall(ctx.source)))
+
+
+def _texts_around_a_device(parts) -> bool:
+    """f"{'cuda' if c else 'cpu'}" and f"{...}:{rank}" name a device; the text of
+    f"{...}_time_total" (a profiler sort key) says it is a name of something else."""
+    return all(p.value in ("", ":") for p in parts if isinstance(p, cst.FormattedStringText))
+
+
 def device_string(ctx, expr: cst.BaseExpression) -> cst.BaseExpression:
     """The target's device type ('xla', 'tpu') in place of a CUDA device string."""
     if isinstance(expr, cst.SimpleString):
@@ -81,13 +97,18 @@ def need_device_module(ctx) -> None:
 
 @transform("TPU101")
 class CudaDevice(Transform):
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.not_devices: set[int] = set()  # id() of expressions that build a non-device name
+
     def _to_xla_device(self, node: cst.CSTNode):
-        return self.fix_or_report(
-            node,
-            self.say("object", "`{code}` is a CUDA device; on TPU use the XLA device, "
-                     "`torch_xla.device()`", code=self.ctx.short(node)),
-            lambda: self.ctx.expr(self.ctx.device_object),
-        )
+        message = self.say("object", "`{code}` is a CUDA device; on TPU use the XLA device, "
+                           "`torch_xla.device()`", code=self.ctx.short(node))
+        device = self.ctx.device_object
+        if self.ctx.at_import_time() and device != self.ctx.device_object_in_code:
+            message += (f" (`{device}` here: this runs when the module is imported, where the "
+                        "XLA runtime must not start yet)")
+        return self.fix_or_report(node, message, lambda: self.ctx.expr(device))
 
     def _string_to_xla(self, node: cst.BaseExpression, context: str):
         def build():
@@ -122,8 +143,23 @@ class CudaDevice(Transform):
             return self._to_xla_device(node)
         return None
 
+    def visit_FormattedString(self, node: cst.FormattedString):
+        if not _texts_around_a_device(node.parts):
+            self.not_devices.update(id(p.expression) for p in node.parts
+                                    if isinstance(p, cst.FormattedStringExpression))
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation):
+        # ("cuda" if c else "cpu") + "_time_total": a name built from it, not a device
+        if isinstance(node.operator, cst.Add):
+            for side, other in ((node.left, node.right), (node.right, node.left)):
+                text = string_value(other)
+                if text is not None and text not in ("", ":") and not text.startswith(":"):
+                    self.not_devices.add(id(side))
+
     def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp):
         # `"cuda" if use_cuda else "cpu"`: the user's condition stays, the type becomes xla.
+        if id(original) in self.not_devices:
+            return None
         if isinstance(original.body, cst.SimpleString) and is_cuda_device_string(original.body):
             new_body = self._string_to_xla(original.body, "a conditional device choice")
             if new_body is not None:
@@ -165,8 +201,21 @@ class CudaDevice(Transform):
             return None
         if not any(names_a_device(t) for t in targets):
             return None
+        if self._names_a_module(original_value, [terminal_name(t) for t in targets]):
+            return None
         new_value = self._string_to_xla(original_value, "a device setting")
         return None if new_value is None else updated.with_changes(value=new_value)
+
+    def _names_a_module(self, value: cst.BaseExpression, names: list[str]) -> bool:
+        """`device = "cuda"` read by `getattr(torch, device)`: the string names torch.cuda;
+        'xla' would name nothing. Left as it is, for a person."""
+        used = [n for n in names if n in attribute_names(self.ctx)]
+        if used:
+            self.ctx.report(self.rule, value, f"`{used[0]} = {self.ctx.code(value)}` is read as "
+                            f"an attribute name (`getattr(..., {used[0]})`: the torch.cuda module), "
+                            "not as a device: left as it is; port what it selects by hand",
+                            applied=False, fix=FixKind.NONE)
+        return bool(used)
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
         return self._assigned_string([t.target for t in original.targets], original.value, updated)
@@ -180,6 +229,8 @@ class CudaDevice(Transform):
         if original.default is None or "device" not in original.name.value.lower():
             return None
         if not is_cuda_device_string(original.default):
+            return None
+        if self._names_a_module(original.default, [original.name.value]):
             return None
         new_default = self._string_to_xla(original.default, "a parameter default")
         return None if new_default is None else updated.with_changes(default=new_default)
@@ -216,11 +267,17 @@ class CudaMethod(Transform):
         )
 
 
+_ASSIGNS_IS_CUDA = re.compile(r"([\w.]+)\.is_cuda\s*(?::[^=\n]+)?=(?!=)")
+
+
 @transform("TPU103")
 class IsCuda(Transform):
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
         if original.attr.value != "is_cuda" or self.ctx.qualify(original.value):
             return None
+        owners = self.ctx.memo("is_cuda_owners", lambda: set(_ASSIGNS_IS_CUDA.findall(self.ctx.source)))
+        if self.ctx.code(original.value) in owners:
+            return None  # `self.is_cuda = ...`: the object's own flag, not Tensor.is_cuda
 
         def build():
             if "attribute" in self.mapping:  # `.is_xla`
@@ -228,12 +285,15 @@ class IsCuda(Transform):
             # No `is_<device>` property: `x.device.type == "tpu"` (binds tighter than not/and/or).
             return self.ctx.expr(self.mapping["expression"].format(self.ctx.code(updated.value)))
 
-        return self.fix_or_report(
+        replacement = self.fix_or_report(
             original,
             self.say("check", "`{code}` is never true on TPU; the XLA check is `.is_xla`",
                      code=self.ctx.short(original)),
             build,
         )
+        if replacement is not None:
+            self.ctx.add_guard(replacement, original)
+        return replacement
 
 
 @transform("TPU104")
@@ -268,6 +328,8 @@ class DeviceTypeComparison(Transform):
             for literal, other, side in pairs:
                 if string_value(literal) != "cuda" or not names_a_device(other):
                     continue
+                if terminal_name(other) in attribute_names(self.ctx):
+                    continue  # it keeps its "cuda" (a module name): so does the comparison
                 replacement = self.fix_or_report(
                     literal,
                     self.say("comparison", "`{code}` tests for CUDA; on TPU the device type "
@@ -276,6 +338,8 @@ class DeviceTypeComparison(Transform):
                 )
                 if replacement is not None:
                     changed = True
+                    self.ctx.add_guard(replacement, literal, negated=isinstance(
+                        old.operator, (cst.NotEqual, cst.NotIn)), shown=original)
                     if side == "left" and i == 0:
                         new_left = replacement
                     elif side == "right":
@@ -290,6 +354,7 @@ class DeviceTypeComparison(Transform):
         return device_string(self.ctx, literal)
 
 
+_WORKER_INIT = re.compile(r"worker_init|init_worker|seed_worker|worker_seed", re.I)
 _SEEDS_XLA = re.compile(r"cuda\.manual_seed|torch_xla\.manual_seed|set_rng_state")
 
 
@@ -307,6 +372,9 @@ class SeedXla(Transform):
             return None
         if self.ctx.memo("seeds_xla", lambda: bool(_SEEDS_XLA.search(self.ctx.source))):
             return None
+        if any(_WORKER_INIT.search(f.name.value) for f in self.ctx.functions
+               if isinstance(f, cst.FunctionDef)):
+            return None  # a DataLoader worker's init: the XLA runtime must not start there
         seed = updated.body[0].value.args[0].value
 
         def build():

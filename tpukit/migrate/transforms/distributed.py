@@ -14,13 +14,16 @@ import re
 
 import libcst as cst
 
+from tpukit.findings import FixKind
 from tpukit.migrate.context import (
     dotted,
     find_keyword,
     keyword_arg,
+    plain_positional,
     string_value,
     terminal_name,
     with_commas,
+    with_string,
 )
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
 
@@ -36,6 +39,9 @@ RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT")
 # Names that hold a process's rank (used as a CUDA device index) in DDP code.
 RANK_NAMES = {"rank", "local_rank", "global_rank", "gpu_id", "gpu", "device_id", "local_gpu"}
 WORLD_NAMES = {"world_size", "world", "nprocs", "ngpus", "n_gpus", "num_gpus", "ngpus_per_node"}
+_GROUP_SPLAT = re.compile(r"init_process_group\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\*")
+_CUDA_OR_CPU_BACKEND = re.compile(r"\b(?:nccl|gloo)\b")  # "nccl", "cuda:nccl,cpu:gloo"
+DEVICE_INDEX_KEYWORDS = ("device", "device_id", "output_device")
 COMPILE_MODES_WITHOUT_MEANING = {"reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}
 _RANK_ASSIGN = re.compile(
     r"(\w+)\s*=\s*(?:int\(\s*os\.environ\[\s*['\"](?:LOCAL_RANK|RANK)['\"]\s*\]\s*\)"
@@ -81,27 +87,58 @@ class ProcessGroup(Transform):
     def visit_Call(self, node: cst.Call):
         if self.ctx.qualify(node.func) != INIT_PROCESS_GROUP:
             return None
-        backend = node.args[0] if node.args and node.args[0].keyword is None else find_keyword(node, "backend")
-        if backend is not None and (string_value(backend.value) or "").startswith(self.ctx.device_type):
-            return None  # "xla"; "tpu", "tpu_dist"
-        kept = [a for a in node.args if a.keyword and a.keyword.value not in (
-            "backend", "init_method", "rank", "world_size", "store")]
+        plain = plain_positional(node)
+        backend = plain[0] if plain and node.args[0] is plain[0] else find_keyword(node, "backend")
+        written = string_value(backend.value) if backend is not None else None
+        if written is not None and not _CUDA_OR_CPU_BACKEND.search(written):
+            return None  # "xla", "tpu_dist"; another vendor's ("hccl", "cncl"): not CUDA's
+        # `**kwargs` may set init_method, rank or world_size: they stay, and only a backend
+        # that is written out changes (adding one could collide with the splat).
+        splat = any(a.star for a in node.args)
+        kept = [a for a in node.args if a.star or (a.keyword and a.keyword.value not in (
+            "backend", "init_method", "rank", "world_size", "store"))]
         func = self.ctx.code(node.func)
+        message = self.say("group", "`{code}`: the process group uses the XLA backend; "
+                           '`init_method="xla://"` takes rank and world size from the launcher '
+                           "(torch_xla.launch or torchrun)", code=self.ctx.short(node))
+        if splat and backend is None:
+            self.ctx.report(self.rule, node, message + "; the backend is in a splat tpukit "
+                            "cannot see: set it there", applied=False, fix=FixKind.NONE)
+            return None
+
+        if "backend" in self.mapping or splat:
+            # Only the backend changes, on leave: the other arguments are rewritten as usual.
+            self.backend_only[node] = (message, None if backend is None else node.args.index(backend))
+            return None
 
         def build():
             self.ctx.side_effect_imports.update(self.mapping.get("imports", ()))
-            if "backend" in self.mapping:  # only the backend changes; the rest stays PyTorch's
-                return self._with_backend(node, backend, self.mapping["backend"])
             call = self.ctx.expr(f'{func}("xla", init_method="xla://")')
             return call.with_changes(args=with_commas(list(call.args) + kept))
 
-        return self.fix_or_report(
-            node, self.say("group", "`{code}`: the process group uses the XLA backend; "
-                           '`init_method="xla://"` takes rank and world size from the launcher '
-                           "(torch_xla.launch or torchrun)", code=self.ctx.short(node)), build)
+        return self.fix_or_report(node, message, build)
+
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.backend_only: dict[cst.Call, tuple[str, int | None]] = {}
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        planned = self.backend_only.pop(original, None)
+        if planned is None:
+            return None
+        message, at = planned
+
+        def build():
+            self.ctx.side_effect_imports.update(self.mapping.get("imports", ()))
+            backend = None if at is None else updated.args[at]
+            return self._with_backend(updated, backend, self.mapping.get("backend", "xla"))
+
+        return self.fix_or_report(original, message, build)
 
     def _with_backend(self, node: cst.Call, backend: cst.Arg | None, name: str) -> cst.Call:
         value = self.ctx.expr(f'"{name}"')
+        if backend is not None and isinstance(backend.value, cst.SimpleString):
+            value = with_string(backend.value, name)  # the file's own quotes
         if backend is None:
             return node.with_changes(args=with_commas([keyword_arg("backend", value), *node.args]))
         return node.with_changes(args=[a.with_changes(value=value) if a is backend else a
@@ -124,6 +161,8 @@ class ProcessGroup(Transform):
     def _remove_rendezvous(self, node: cst.CSTNode, key: str | None):
         if key not in RENDEZVOUS_ENV or self.mapping.get("rendezvous_env") == "keep":
             return None
+        if self.ctx.memo("group_splat", lambda: bool(_GROUP_SPLAT.search(self.ctx.source))):
+            return None  # a group whose splat keeps its init_method (env://) needs them
         text = self.ctx.short(node)
         return self.fix_or_report(
             node, f"`{text}` is removed: the XLA process group (`init_method=\"xla://\"`) finds "
@@ -137,10 +176,19 @@ class DistributedDataParallelArgs(Transform):
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if self.ctx.qualify(original.func) not in DDP_NAMES or not original.args:
             return None
-        dropped = [a for a in updated.args[1:] if (a.keyword is None and a is updated.args[1])
+        second = updated.args[1] if len(updated.args) > 1 else None
+        dropped = [a for a in updated.args[1:] if (a is second and a.keyword is None and not a.star)
                    or (a.keyword and a.keyword.value in ("device_ids", "output_device"))]
-        bucket_view = self.mapping.get("bucket_view", False)
+        # A splat may hold device_ids, or gradient_as_bucket_view itself: kept as it is.
+        splat = next((a for a in updated.args if a.star), None)
+        bucket_view = self.mapping.get("bucket_view", False) and splat is None
         bucket = find_keyword(original, "gradient_as_bucket_view")
+        if splat is not None and not dropped:
+            self.ctx.report(self.rule, original, self.say(
+                "ddp_splat", "`{code}`: an XLA process has one device: if `{splat}` passes "
+                "device_ids or output_device, drop them there", code=self.ctx.short(original),
+                splat=self.ctx.code(splat).rstrip(", ")), applied=False, fix=FixKind.NONE)
+            return None
         if not dropped and (bucket is not None or not bucket_view):
             return None
 
@@ -286,11 +334,20 @@ class TorchrunRanks(Transform):
         return {f"{prefix}{name}" for name in file_rank_names(source)
                 for prefix in (".to(", "device(", ".to(self.")}
 
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.device_values: set[int] = set()  # id() of values given as a device
+
     def visit_Call(self, node: cst.Call):
+        # FSDP(device_id=int(os.environ["LOCAL_RANK"])): a rank given as a device index
+        self.device_values.update(id(a.value) for a in node.args if a.keyword is not None
+                                  and a.keyword.value in DEVICE_INDEX_KEYWORDS)
         # int(os.environ["LOCAL_RANK"]) -> xr.local_ordinal()
         if dotted(node.func) == "int" and len(node.args) == 1:
             key, has_default = env_key(self.ctx, node.args[0].value)
             if key in self.mapping.get("env", {}) and not has_default:
+                if id(node) in self.device_values:
+                    return self._rank_device(node, node, is_to=False)
                 return self._replace(node, key)
             return None
         # .to(rank) / torch.device(rank): a rank used as a CUDA device index
@@ -327,24 +384,38 @@ class SamplerReplicas(Transform):
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if self.ctx.qualify(original.func) not in SAMPLER_NAMES or not original.args:
             return None
-        replicas, rank = find_keyword(original, "num_replicas"), find_keyword(original, "rank")
+        plain = plain_positional(original)
+        replicas = find_keyword(original, "num_replicas") or (plain[1] if len(plain) > 1 else None)
+        rank = find_keyword(original, "rank") or (plain[2] if len(plain) > 2 else None)
         if (replicas is not None and rank is not None and self.ctx.code(replicas.value) == "xr.world_size()"
                 and self.ctx.code(rank.value) == "xr.global_ordinal()"):
             return None
-        dataset = next((a for a in updated.args if a.keyword is None), None) or find_keyword(updated, "dataset")
-        if dataset is None:
+        message = (f"`{self.ctx.short(original)}`: each process reads its shard; the replica "
+                   "count and rank come from torch_xla's runtime")
+        if any(a.star for a in updated.args):
+            self.ctx.report(self.rule, original, message + " (`num_replicas=xr.world_size(), "
+                            "rank=xr.global_ordinal()`); the call passes a splat tpukit cannot "
+                            "see into: set them there", applied=False, fix=FixKind.NONE)
+            return None
+        positional = plain_positional(updated)
+        if not positional and find_keyword(updated, "dataset") is None:
             return None
 
         def build():
-            args = [dataset] + [a for a in updated.args if a.keyword is not None
-                                and a.keyword.value not in ("num_replicas", "rank", "dataset")]
-            args.insert(1, _arg("num_replicas", "xr.world_size()", self.ctx))
-            args.insert(2, _arg("rank", "xr.global_ordinal()", self.ctx))
+            # DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last): the
+            # replica count and rank are replaced where they stand; the rest is kept.
+            values = {1: _arg("num_replicas", "xr.world_size()", self.ctx),
+                      2: _arg("rank", "xr.global_ordinal()", self.ctx)}
+            args = [a.with_changes(value=values[i].value) if i in values else a
+                    for i, a in enumerate(positional)]
+            args += [values[i] for i in values if i >= len(positional)]
+            args += [a for a in updated.args if a.keyword is not None
+                     and a.keyword.value not in ("num_replicas", "rank")]
+            if not positional:  # dataset=... first, as written
+                args.sort(key=lambda a: a.keyword.value != "dataset")
             return updated.with_changes(args=with_commas(args))
 
-        return self.fix_or_report(
-            original, f"`{self.ctx.short(original)}`: each process reads its shard; the replica "
-            "count and rank come from torch_xla's runtime", build)
+        return self.fix_or_report(original, message, build)
 
 
 @transform("TPU408")

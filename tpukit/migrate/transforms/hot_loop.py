@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tpukit.migrate.context import dotted, terminal_name
+from tpukit.migrate.context import dotted, integer_value, terminal_name
 from tpukit.migrate.transforms.base import Transform, transform
 from tpukit.migrate.transforms.loops import find_steps, loader_in_iter
 
@@ -183,8 +183,9 @@ class HeadDim(Transform):
         self.constants: dict[str, int] = {}
 
     def _remember(self, target, value) -> None:
-        if isinstance(value, cst.Integer):
-            self.constants[terminal_name(target)] = int(value.value)
+        number = integer_value(value)
+        if number is not None:
+            self.constants[terminal_name(target)] = number
 
     def visit_Assign(self, node: cst.Assign):
         for t in node.targets:
@@ -199,9 +200,8 @@ class HeadDim(Transform):
             self._remember(node.name, node.default)
 
     def _value(self, expr) -> int | None:
-        if isinstance(expr, cst.Integer):
-            return int(expr.value)
-        return self.constants.get(terminal_name(expr))
+        number = integer_value(expr)
+        return number if number is not None else self.constants.get(terminal_name(expr))
 
     def _advise(self, node, head_dim: int) -> None:
         if head_dim % 128 == 0 or head_dim <= 0:
@@ -216,8 +216,9 @@ class HeadDim(Transform):
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
         names = [terminal_name(t.target) for t in original.targets]
-        if any(n in self.NAMES for n in names) and isinstance(original.value, cst.Integer):
-            self._advise(original.value, int(original.value.value))
+        number = integer_value(original.value)
+        if any(n in self.NAMES for n in names) and number is not None:
+            self._advise(original.value, number)
         return None
 
     def leave_BinaryOperation(self, original: cst.BinaryOperation, updated):

@@ -27,9 +27,24 @@ NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 HOST_READS = ("item", "tolist", "cpu", "numpy")
 
 
+# `train_dl, model, opt = accelerator.prepare(train_dl, model, opt)`: accelerate's loader
+# places batches itself (and wraps MpDeviceLoader on XLA); its end-of-data bookkeeping
+# (gather_for_metrics) breaks under another loader's prefetching.
+_PREPARED = re.compile(r"^[ \t]*([\w \t,()]+?)=\s*[\w.]*\.prepare(?:_data_loader)?\(", re.M)
+
+
+def prepared_names(ctx) -> set[str]:
+    return ctx.memo("prepared_names", lambda: {
+        name.strip() for names in _PREPARED.findall(ctx.source)
+        for name in names.replace("(", " ").replace(")", " ").split(",") if name.strip()})
+
+
 def loader_names(ctx) -> set[str]:
-    return ctx.memo("loader_names", lambda: {*_LOADER_ASSIGN.findall(ctx.source),
-                                             *_LOADER_SAMPLER.findall(ctx.source)})
+    # A BatchSampler has a `.sampler` too (and yields lists of indices): `batch_sampler.
+    # sampler.set_epoch(...)` does not make `batch_sampler` a DataLoader.
+    return ctx.memo("loader_names", lambda: {*_LOADER_ASSIGN.findall(ctx.source), *(
+        name for name in _LOADER_SAMPLER.findall(ctx.source) if "sampler" not in name.lower()),
+        *prepared_names(ctx)})
 
 
 def is_device_loader(expr: cst.BaseExpression) -> bool:
@@ -212,7 +227,7 @@ class DeviceLoader(Transform):
         if found is None:
             return None
         loader, path = found
-        if is_device_loader(loader):
+        if is_device_loader(loader) or terminal_name(loader) in prepared_names(self.ctx):
             return None
         device = self.ctx.device_expr()
 

@@ -1,0 +1,495 @@
+"""What real library code taught us (issue 17: 13 packages, 3.5M lines): crashes, splats the
+rules cannot see, CUDA-only code under availability guards, per-rank saves, and the files."""
+
+from __future__ import annotations
+
+import os
+import stat
+import textwrap
+
+import pytest
+
+from tpukit.migrate.engine import MigrateOptions, MigrationBug, migrate_source
+from tpukit.rules import select_rules
+
+ALL = MigrateOptions(rules=select_rules([], []))
+
+
+def migrate(source: str, options: MigrateOptions = ALL):
+    return migrate_source(textwrap.dedent(source).lstrip("\n"), "lib.py", options)
+
+
+def out(source: str) -> str:
+    return migrate(source).new_source
+
+
+def fixed_point(source: str) -> str:
+    new = out(source)
+    assert migrate_source(new, "lib.py", ALL).new_source == new
+    return new
+
+
+# -- crashes ------------------------------------------------------------------------------
+@pytest.mark.parametrize("literal,value", [("0xFF", 255), ("0o17", 15), ("0b1000000", 64),
+                                           ("1_024", 1024)])
+def test_integer_literals_of_every_base_are_read(literal, value):
+    new = out(f"import torch\nx = torch.randn(2).cuda()\nmask = {literal}\nhead_dim = {literal}\n")
+    assert f"mask = {literal}\n" in new and ".cuda()" not in new
+    head_dims = [f.extra.get("head_dim") for f in migrate(
+        f"import torch\nx = torch.randn(2).cuda()\nhead_dim = {literal}\n").findings
+        if f.code == "TPU504"]
+    assert head_dims == ([value] if value % 128 else [])
+
+
+def test_a_rule_that_raises_is_reported_at_its_statement(monkeypatch):
+    from tpukit.migrate.transforms import devices
+
+    def broken(self, original, updated):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(devices.CudaMethod, "leave_Call", broken)
+    with pytest.raises(MigrationBug) as info:
+        migrate("import torch\n\n\nx = 1\ny = torch.randn(2).cuda()\n")
+    assert info.value.line == 5 and "ValueError: boom" in str(info.value)
+
+
+def test_a_symlink_loop_on_the_command_line_is_one_error(tmp_path, run_cli):
+    (tmp_path / "loop.py").symlink_to(tmp_path / "loop.py")
+    (tmp_path / "ok.py").write_text("import torch\nx = torch.zeros(2).cuda()\n")
+    proc = run_cli("migrate", "loop.py", "ok.py", cwd=tmp_path, check_rc=2)
+    assert "loop.py:1:1: error: cannot read:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert ".cuda()" not in (tmp_path / "ok.py").read_text()
+
+
+# -- splats: an argument a rule cannot see is never dropped, a keyword never collides -------
+SPLAT_HEADER = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data.distributed import DistributedSampler
+scaler = torch.cuda.amp.GradScaler()
+"""
+
+
+@pytest.mark.parametrize("call,expected", [
+    ("DDP(model, **kwargs)", "DDP(model, **kwargs)"),
+    ("DDP(module, *args, **kwargs)", "DDP(module, *args, **kwargs)"),
+    ("DDP(model, device_ids=[rank], **kw)", "DDP(model, **kw)"),
+    ("DistributedSampler(ds, **kw)", "DistributedSampler(ds, **kw)"),
+    ("dist.init_process_group(backend='nccl', **kw)", "dist.init_process_group(backend='xla', **kw)"),
+    ("dist.init_process_group(**kw)", "dist.init_process_group(**kw)"),
+    ("scaler.step(opt, **kw)", "opt.step(**kw)"),
+    ("scaler.step(opt, *args)", "opt.step(*args)"),
+    ("torch.compile(fn, **cfg)", "torch.compile(fn, **cfg)"),
+    ("torch.autocast('cuda', **kw)", "torch.autocast('cuda', **kw)"),
+    ("torch.utils.data.DataLoader(ds, **kw)", "torch.utils.data.DataLoader(ds, **kw)"),
+    ("x.cuda(**kw)", "x.cuda(**kw)"),
+    ("torch.cuda.manual_seed(*seeds)", "torch.cuda.manual_seed(*seeds)"),
+])
+def test_splats_are_kept_and_keywords_never_collide_with_them(call, expected):
+    new = fixed_point(SPLAT_HEADER + f"result = {call}\n")
+    assert f"result = {expected}\n" in new
+
+
+def test_a_splat_the_rewrite_would_lose_is_a_finding_for_a_person():
+    found = {f.code: f for f in migrate(SPLAT_HEADER + "f = torch.compile(fn, **cfg)\n"
+                                        "m = DDP(model, **kwargs)\n").findings}
+    assert not found["TPU408"].applied and "`backend=` may be in `**cfg`" in found["TPU408"].message
+    assert not found["TPU402"].applied and "**kwargs" in found["TPU402"].message
+
+
+def test_sampler_positional_arguments_keep_their_places():
+    new = out(SPLAT_HEADER + "s = DistributedSampler(ds, None, None, False)\n")
+    assert "DistributedSampler(ds, xr.world_size(), xr.global_ordinal(), False)" in new
+
+
+# -- availability guards over CUDA-only code ----------------------------------------------
+def test_a_guard_over_a_cuda_stream_stays_false_on_xla():
+    source = """
+    import torch
+
+    def stream(device):
+        if torch.cuda.is_available():
+            return torch.cuda.Stream(device)
+        return None
+    """
+    result = migrate(source)
+    assert result.new_source == textwrap.dedent(source).lstrip("\n")
+    guard = next(f for f in result.findings if f.code == "TPU110")
+    assert not guard.applied and "torch.cuda.Stream" in guard.message
+
+
+@pytest.mark.parametrize("guarded,rewritten", [
+    ("torch.cuda.synchronize()", True),
+    ("n = torch.cuda.device_count()", True),
+    ("import cupy", False),
+    ("x = x.cuda(**kw)", False),
+    ("s = torch.cuda.Stream()", False),
+    ("if torch.cuda.is_available():\n        e = torch.cuda.Event()", False),
+])
+def test_a_guard_is_rewritten_only_when_what_it_guards_is_migrated(guarded, rewritten):
+    new = fixed_point(f"import torch\nif torch.cuda.is_available() and x:\n    {guarded}\n")
+    assert ("torch.cuda.is_available() and x" not in new) is rewritten
+
+
+def test_a_negated_guard_looks_at_its_else_branch():
+    new = fixed_point("import torch\nif not torch.cuda.is_available():\n    pass\n"
+                      "else:\n    s = torch.cuda.Stream()\n")
+    assert "if not torch.cuda.is_available():" in new
+    cond = fixed_point("import torch\ns = torch.cuda.Stream() if torch.cuda.is_available() else None\n")
+    assert "if torch.cuda.is_available() else None" in cond
+
+
+# -- per-rank saves -----------------------------------------------------------------------
+@pytest.mark.parametrize("save", [
+    'torch.save(state, f"rng_state_{rank}.pth")',
+    'torch.save(rng_states, os.path.join(output_dir, f"rng_state_{self.args.process_index}.pth"))',
+    'output_rng_file = output_dir.joinpath(f"{RNG_STATE_NAME}_{process_index}.pkl")\n'
+    'torch.save(states, output_rng_file)',
+])
+def test_a_file_per_rank_is_still_written_by_every_rank(save):
+    new = fixed_point(f"import torch\nx = torch.zeros(1).cuda()\n{save}\n")
+    assert "master_only=False)" in new and "torch.save(" not in new
+
+
+def test_one_checkpoint_for_all_ranks_is_written_by_the_master():
+    new = out('import torch\nx = torch.zeros(1).cuda()\ntorch.save(model.state_dict(), "m.pt")\n')
+    assert 'xm.save(model.state_dict(), "m.pt")\n' in new
+
+
+# -- devices that are None, indices or not devices at all ----------------------------------
+def test_cuda_with_a_none_default_device_moves_to_the_xla_device():
+    new = fixed_point("import torch\ndef move(x, device=None):\n    return x.cuda(device)\n")
+    assert "return x.to(torch_xla.device())\n" in new
+
+
+def test_current_device_used_as_a_device_is_the_device_not_its_index():
+    new = fixed_point("""
+    import torch
+    n = torch.cuda.current_device()
+    model.to(torch.cuda.current_device())
+    m = load(device_map={"": torch.cuda.current_device()})
+    """)
+    assert "n = torch_xla.device().index\n" in new
+    assert "model.to(torch_xla.device())\n" in new
+    assert 'device_map={"": torch_xla.device()}' in new
+
+
+@pytest.mark.parametrize("source", [
+    "key = f\"{'cuda' if is_cuda else 'cpu'}_time_total\"\n",
+    "key = ('cuda' if is_cuda else 'cpu') + '_time_total'\n",
+    "device = 'cuda'\nbackend = getattr(torch, device)\n",
+    "def pick(device_type='cuda'):\n    return getattr(torch, device_type)\n",
+])
+def test_strings_that_are_not_devices_keep_their_cuda(source):
+    new = fixed_point("import torch\nx = torch.zeros(1).cuda()\n" + source)
+    assert new.endswith(source)
+
+
+def test_device_strings_built_from_a_choice_still_become_xla():
+    new = fixed_point("import torch\nd = f\"{'cuda' if c else 'cpu'}:{rank}\"\n")
+    assert "d = f\"{'xla' if c else 'cpu'}:{rank}\"\n" in new
+
+
+def test_a_batch_sampler_is_not_a_dataloader():
+    new = fixed_point("""
+    import torch
+    batch_sampler.sampler.set_epoch(epoch)
+    for indices in batch_sampler:
+        x = torch.zeros(1).cuda()
+    """)
+    assert "for indices in batch_sampler:\n" in new and "MpDeviceLoader" not in new
+
+
+# -- fused optimizers configured through a dict --------------------------------------------
+@pytest.mark.parametrize("line,expected", [
+    ('optimizer_kwargs.update({"fused": True})', 'optimizer_kwargs.update({"fused": False})'),
+    ('optimizer_kwargs["fused"] = True', 'optimizer_kwargs["fused"] = False'),
+    ('adam_kwargs = {"lr": lr, "fused": True}', 'adam_kwargs = {"lr": lr, "fused": False}'),
+    ('layer_cfg = {"fused": True}', 'layer_cfg = {"fused": True}'),  # not an optimizer's
+])
+def test_fused_optimizer_arguments_in_a_dict_are_turned_off(line, expected):
+    new = fixed_point(f"import torch\nx = torch.zeros(1).cuda()\n{line}\n")
+    assert new.endswith(f"{expected}\n")
+
+
+# -- files and processes ------------------------------------------------------------------
+CUDA_FILE = "import torch\nx = torch.zeros(2).cuda()\n"
+
+
+def test_a_pep263_file_is_read_and_written_in_its_encoding(tmp_path, run_cli):
+    path = tmp_path / "legacy.py"
+    path.write_bytes(b'# -*- coding: latin-1 -*-\nimport torch\nname = "caf\xe9"\n'
+                     b"x = torch.zeros(2).cuda()\n")
+    run_cli("migrate", "legacy.py", cwd=tmp_path, check_rc=0)
+    data = path.read_bytes()
+    assert b'name = "caf\xe9"\n' in data and b".cuda()" not in data
+    compile(data, "legacy.py", "exec")  # Python reads it in the encoding it declares
+
+
+def test_a_killed_runs_temporary_files_are_removed_by_the_next_run(tmp_path, run_cli):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "train.py").write_text(CUDA_FILE)
+    stale = tmp_path / "pkg" / ".train.py.k3x_9qz1.tpukit"
+    stale.write_text("half")
+    keep = tmp_path / "pkg" / ".notes.tpukit"  # not of our naming
+    keep.write_text("mine")
+    run_cli("migrate", "pkg", cwd=tmp_path, check_rc=0)
+    assert not stale.exists() and keep.exists()
+    assert sorted(p.name for p in (tmp_path / "pkg").iterdir()) == [".notes.tpukit", "train.py"]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_a_rewritten_file_keeps_its_owner_and_mode(tmp_path, run_cli):
+    path = tmp_path / "train.py"
+    path.write_text(CUDA_FILE)
+    os.chown(path, 4321, 4322)
+    path.chmod(0o640)
+    run_cli("migrate", "train.py", cwd=tmp_path, check_rc=0)
+    info = path.stat()
+    assert ".cuda()" not in path.read_text()
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (4321, 4322, 0o640)
+
+
+def test_fixes_of_a_file_that_was_not_written_are_not_counted(tmp_path, run_cli):
+    path = tmp_path / "train.py"
+    path.write_text(CUDA_FILE)
+    path.chmod(0o444)
+    proc = run_cli("migrate", "train.py", cwd=tmp_path, check_rc=2)
+    assert "read-only" in proc.stderr
+    assert "(0 fixes applied)" in proc.stdout, proc.stdout
+
+
+# -- import side effects: what a package module runs when imported --------------------------
+PACKAGE_MODULE = """
+import torch
+
+FIRST_CUDA_DEVICE = torch.device("cuda", index=0)
+if torch.cuda.device_count() > 1:
+    pass
+
+def load(x, device: torch.device = torch.device("cuda"), index=torch.cuda.current_device()):
+    return x.to(torch.device("cuda")), torch.cuda.device_count()
+"""
+
+
+def test_a_package_module_does_not_start_the_runtime_when_imported(tmp_path):
+    (tmp_path / "__init__.py").write_text("")
+    module = tmp_path / "functional.py"
+    result = migrate_source(textwrap.dedent(PACKAGE_MODULE).lstrip("\n"), str(module), ALL)
+    new = result.new_source
+    assert 'FIRST_CUDA_DEVICE = torch.device("xla")\n' in new
+    assert "if _xla_launch_process_count() > 1:" in new
+    assert 'device: torch.device = torch.device("xla"), index=torch.cuda.current_device()' in new
+    # In the function body, at call time, the runtime may start.
+    assert "return x.to(torch_xla.device()), torch_xla.device_count()\n" in new
+    assert [f.code for f in result.findings if not f.applied] == ["TPU110"]
+    assert migrate_source(new, str(module), ALL).new_source == new
+
+
+def test_a_scripts_top_level_is_its_program():
+    new = out(PACKAGE_MODULE)
+    assert "FIRST_CUDA_DEVICE = torch_xla.device()\n" in new
+    assert "if torch_xla.device_count() > 1:" in new
+
+
+def test_current_device_sent_to_a_device_helper_is_the_device():
+    new = fixed_point("import torch\ndata = send_to_device(data, torch.cuda.current_device())\n")
+    assert "send_to_device(data, torch_xla.device())" in new
+
+
+def test_a_loader_accelerate_prepared_is_not_wrapped_again():
+    new = fixed_point("""
+    import torch
+    train_dl, model, optimizer = accelerator.prepare(train_dl, model, optimizer)
+    for batch in train_dl:
+        out = model(batch.cuda())
+    """)
+    assert "for batch in train_dl:\n" in new and "MpDeviceLoader" not in new
+    stepped = fixed_point("""
+    import torch
+    dl, model, opt = accelerator.prepare(dl, model, opt)
+    for batch in dl:
+        loss = model(batch.cuda())
+        opt.step()
+    """)
+    assert "torch_xla.sync()" not in stepped  # accelerate's loader cuts the graph per batch
+
+
+def test_a_package_module_imports_torch_xla_where_only_functions_use_it(tmp_path):
+    (tmp_path / "__init__.py").write_text("")
+    module = str(tmp_path / "ops.py")
+    source = 'import torch\n\n\ndef move(x):\n    """Doc."""\n    return x.cuda()\n'
+    new = migrate_source(source, module, ALL).new_source
+    assert new == ('import torch\n\n\ndef move(x):\n    """Doc."""\n    import torch_xla\n'
+                   "    return x.to(torch_xla.device())\n")
+    assert migrate_source(new, module, ALL).new_source == new
+    compile(new, module, "exec")
+
+
+def test_a_process_group_with_a_splat_keeps_its_rendezvous_and_is_a_fixed_point():
+    new = fixed_point("""
+    import os
+    import torch.distributed as dist
+    os.environ["MASTER_PORT"] = "29500"
+    dist.init_process_group(backend="nccl", world_size=int(os.environ["WORLD_SIZE"]), **kwargs)
+    """)
+    assert 'os.environ["MASTER_PORT"] = "29500"\n' in new  # env:// still needs it
+    assert 'backend="xla", world_size=xr.world_size(), **kwargs)' in new
+
+
+@pytest.mark.parametrize("backend", ["hccl", "cncl", "mccl", "xla"])
+def test_other_vendors_process_groups_are_not_ours(backend):
+    source = f"import torch\nimport torch.distributed as dist\ndist.init_process_group('{backend}')\n"
+    assert out(source) == source
+
+
+def test_a_barrier_of_a_group_is_not_a_rendezvous_of_all():
+    result = migrate("import torch.distributed as dist\nbackend = 'nccl'\ndist.barrier(group)\n"
+                     "dist.barrier()\n")
+    assert "dist.barrier(group)\n" in result.new_source
+    assert 'xm.rendezvous("barrier")\n' in result.new_source
+    assert [f.applied for f in result.findings if f.code == "TPU407"] == [False, True]
+
+
+@pytest.mark.parametrize("test,body,kept", [
+    ('device.type == "cuda"', "state = torch.cuda.get_rng_state(device)", True),  # fairscale
+    ('device.type == "cuda"', "gpu_devices.append(device)", False),
+    ("t.is_cuda", "s = torch.cuda.current_stream()", True),
+    ("t.is_cuda", "t = t.float()", False),
+    ("torch.cuda.is_available()", "from .backends.cuda import ops as cuda_ops", True),  # bnb
+    ("torch.cuda.is_available()", "torch._inductor.cudagraph_mark_step_begin()", True),
+])
+def test_every_kind_of_guard_stays_over_cuda_only_code(test, body, kept):
+    source = f"import torch\nif {test}:\n    {body}\n"
+    new = fixed_point(source)
+    assert (f"if {test}:\n" in new) is kept
+
+
+def test_a_not_equal_guard_looks_at_its_else_branch():
+    new = fixed_point('import torch\nif device.type != "cuda":\n    pass\nelse:\n'
+                      "    state = torch.cuda.get_rng_state(device)\n")
+    assert 'if device.type != "cuda":\n' in new
+
+
+def test_a_rank_given_as_a_device_index_is_the_device():
+    new = fixed_point("import os\nimport torch\nbackend = 'nccl'\n"
+                      "args = dict(module=model, device_id=int(os.environ['LOCAL_RANK']))\n"
+                      "rank = int(os.environ['LOCAL_RANK'])\n")
+    assert "device_id=torch_xla.device())" in new and "rank = xr.local_ordinal()" in new
+
+
+def test_a_flag_that_guards_a_cuda_stream_keeps_its_cuda_test():  # timm's PrefetchLoader
+    new = fixed_point("""
+    import torch
+
+    class Prefetcher:
+        def __init__(self, device):
+            self.is_cuda = device.type == 'cuda' and torch.cuda.is_available()
+
+        def __iter__(self):
+            if self.is_cuda:
+                stream = torch.cuda.Stream(device=self.device)
+    """)
+    assert "self.is_cuda = device.type == 'cuda' and torch.cuda.is_available()" in new
+    assert "if self.is_cuda:" in new
+
+
+def test_a_dataloader_worker_init_does_not_seed_the_xla_device():
+    new = fixed_point("import torch\ndef _worker_init(worker_id):\n    torch.manual_seed(worker_id)\n"
+                      "x = torch.zeros(1).cuda()\n")
+    assert "torch_xla.manual_seed" not in new
+
+
+def test_a_guard_of_gpu_only_strings_is_kept():
+    new = fixed_point('import torch\nreq = "onnxruntime" + ("-gpu" if torch.cuda.is_available() else "")\n'
+                      "x = torch.zeros(1).cuda()\n")
+    assert '("-gpu" if torch.cuda.is_available() else "")' in new
+
+
+@pytest.mark.parametrize("source", [
+    'if self.device.type == "cuda" and not check_cuda_p2p_ib_support():\n    raise ValueError()\n',
+    'if torch.cuda.is_available():\n    BNB_BACKEND = "CUDA"\n',  # bitsandbytes' cextension
+    'if torch.cuda.is_available():\n    backend = "nccl"\n',  # accelerate's MULTI_GPU
+])
+def test_a_guard_of_cuda_only_values_or_tests_is_kept(source):
+    assert out("import torch\n" + source) == "import torch\n" + source
+
+
+def test_a_negated_guard_that_returns_guards_what_follows():  # diffusers' testing_utils
+    source = """
+    import torch
+
+    def require_big_gpu(test_case):
+        if not torch.cuda.is_available():
+            return unittest.skip("test requires PyTorch CUDA")(test_case)
+        device_properties = torch.cuda.get_device_properties(0)
+        return test_case
+
+    def sync():
+        if not torch.cuda.is_available():
+            return
+        torch.cuda.synchronize()
+    """
+    new = fixed_point(source)
+    assert new.count("if not torch.cuda.is_available():") == 1  # the first; the second is ported
+    assert "if not bool(xr.device_type()):\n        return\n    torch_xla.sync()" in new
+
+
+def test_an_accelerator_type_read_as_a_module_name_is_left():  # transformers' bark
+    source = ("import torch\ndevice_type = torch.accelerator.current_accelerator().type\n"
+              "module = getattr(torch, device_type)\n")
+    result = migrate(source)
+    assert result.new_source == source
+    assert [f.applied for f in result.findings] == [False]
+
+
+@pytest.mark.parametrize("function", [
+    "def triton(self, kernel, device_str='cuda'):\n    return x.cuda()\n",
+    "def calibrate(im):\n    import tensorrt as trt\n    return im.to('cuda')\n",
+])
+def test_cuda_only_functions_are_not_rewritten(function):
+    result = migrate("import torch\n" + function)
+    assert result.new_source == "import torch\n" + function
+    assert result.findings and not any(f.applied for f in result.findings)
+    assert all("not rewritten" in f.message for f in result.findings if f.code in ("TPU101", "TPU102"))
+
+
+def test_a_negated_guard_guards_the_cuda_path_after_it():  # torch's checkpoint stager
+    source = ("import torch\n\ndef stage(pin_memory):\n    if pin_memory and not torch.cuda.is_available():\n"
+              "        pin_memory = False\n    return tensor.pin_memory() if pin_memory else tensor\n")
+    assert "and not torch.cuda.is_available():" in fixed_point(source)
+
+
+def test_a_per_rank_path_built_in_two_steps_is_still_per_rank():  # accelerate's checkpointing
+    new = fixed_point('import torch\nx = torch.zeros(1).cuda()\n'
+                      'states_name = f"{RNG_STATE_NAME}_{process_index}.pkl"\n'
+                      "output_states_file = output_dir.joinpath(states_name)\n"
+                      "torch.save(states, output_states_file)\n")
+    assert "xm.save(states, output_states_file, master_only=False)" in new
+
+
+def test_current_device_returned_by_a_get_device_function_is_the_device():
+    new = fixed_point("import torch\ndef get_device(model):\n    return torch.cuda.current_device()\n"
+                      "def device_index():\n    return torch.cuda.current_device()\n")
+    assert "def get_device(model):\n    return torch_xla.device()\n" in new
+    assert "def device_index():\n    return torch_xla.device().index\n" in new
+
+
+def test_a_package_module_for_cuda_is_not_rewritten(tmp_path):
+    package = tmp_path / "lib" / "triton_ops"
+    package.mkdir(parents=True)
+    (tmp_path / "lib" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    source = "import torch\nx = torch.zeros(2).cuda()\n"
+    result = migrate_source(source, str(package / "quant.py"), ALL)
+    assert result.new_source == source
+    assert [f.applied for f in result.findings] == [False]
+    assert "CUDA's own code" in result.findings[0].message
+
+
+def test_a_guard_whose_other_branch_is_about_cuda_is_kept():  # torch's rng decompositions
+    new = fixed_point('import torch\nif device.type != "cuda":\n    throw_on_non_cuda(device)\n'
+                      "x = torch.rand(2, device=device)\n")
+    assert 'if device.type != "cuda":' in new

@@ -1,0 +1,245 @@
+"""Guards over CUDA-only code: rewritten only when everything they guard is migrated.
+
+`if torch.cuda.is_available(): return torch.cuda.Stream(device)` and `if device.type ==
+"cuda": state = torch.cuda.get_rng_state(device)`: once the test is rewritten it is true on a
+TPU, and the CUDA-only code it guards runs there. A rule that rewrites part of a test
+(an availability call, a device-type comparison, `.is_cuda`) registers the replacement as a
+guard (`MigrationContext.add_guard`); when the `if` (or conditional expression) is left, a
+guard whose guarded code still holds CUDA-only code is put back as it was written (False on
+a TPU: the other branch runs), and its finding says what is left.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import libcst as cst
+
+from tpukit.findings import FixKind
+from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string, string_value
+from tpukit.rules import load_rules
+
+
+def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
+    """`updated` with the guards of its test put back where what they guard is not ported."""
+    found = _GuardUses(ctx.guards)
+    updated.test.visit(found)
+    restore = {}
+    # `device.type == "cuda" and not check_cuda_p2p_ib_support()`: the rest of the test is
+    # CUDA's too, and runs once the guard is true.
+    in_test = residual_cuda(ctx, updated.test) if found.uses else None
+    deferred = []
+    for key, negated in found.uses.items():
+        if in_test is not None:
+            restore[key] = _put_back(ctx, key, in_test, " in the same test")
+            continue
+        polarity = ctx.guards[key][2]
+        guarded = updated.orelse if negated != polarity else updated.body
+        other = updated.body if negated != polarity else updated.orelse
+        # `if device.type != "cuda": throw_on_non_cuda(device)`: the other branch says the
+        # test is about CUDA too (torch's Philox decompositions)
+        named = residual_cuda(ctx, other) if isinstance(other, cst.BaseSuite) else None
+        if named is not None:
+            restore[key] = _put_back(ctx, key, named, " in the other branch")
+            continue
+        if guarded is None and isinstance(updated, cst.If) and (
+                ctx.target == "xla" or _exits(updated.body)):
+            # `if not available: return` / `...: pin_memory = False`: the CUDA path is what
+            # follows the if, in its block (TorchTPU keeps some CUDA spellings, so there only
+            # a guard that leaves the block)
+            deferred.append(key)
+            continue
+        # A value chosen by the guard that names a GPU ("-gpu" packages) is CUDA's too; in a
+        # statement a string is a message ("batch did not land on the GPU").
+        left = residual_cuda(ctx, guarded, isinstance(updated, cst.IfExp)) \
+            if guarded is not None else None
+        if left is not None:
+            restore[key] = _put_back(ctx, key, left)
+    if restore:
+        updated = updated.with_changes(test=updated.test.visit(_Restore(restore)))
+    if deferred:
+        ctx.guarded_after[id(updated)] = deferred
+    return updated
+
+
+def restore_after(ctx: MigrationContext, block: cst.IndentedBlock | cst.Module):
+    """`if not torch.cuda.is_available(): return skip(...)` then `torch.cuda.get_device_
+    properties(0)`: a negated guard without an else guards the statements after it."""
+    body = list(block.body)
+    changed = False
+    for i, stmt in enumerate(body):
+        keys = ctx.guarded_after.pop(id(stmt), None)
+        if not keys:
+            continue
+        left = next((found for rest in body[i + 1:] if (found := residual_cuda(ctx, rest))), None)
+        if left is None:
+            continue
+        restore = {key: _put_back(ctx, key, left, " after it") for key in keys if key in ctx.guards}
+        body[i] = stmt.with_changes(test=stmt.test.visit(_Restore(restore)))
+        changed = True
+    return block.with_changes(body=body) if changed else block
+
+
+def _exits(body: cst.BaseSuite) -> bool:
+    last = body.body[-1] if body.body else None
+    if isinstance(last, cst.SimpleStatementLine):
+        last = last.body[-1] if last.body else None
+    return isinstance(last, (cst.Return, cst.Raise, cst.Continue, cst.Break))
+
+
+def restore_flags(ctx: MigrationContext, updated: cst.Assign):
+    """`self.is_cuda = device.type == "cuda" and torch.cuda.is_available()`, read later by
+    `if self.is_cuda: stream = torch.cuda.Stream(...)` (timm's prefetcher): a flag that guards
+    CUDA-only code keeps its CUDA test, so that it stays False on a TPU."""
+    found = _GuardUses(ctx.guards)
+    updated.value.visit(found)
+    if not found.uses:
+        return updated
+    for target in updated.targets:
+        name = target.target.attr.value if isinstance(target.target, cst.Attribute) else (
+            target.target.value if isinstance(target.target, cst.Name) else None)
+        left = name and ctx.memo(("cuda_flag", name), lambda n=name: _guards_cuda_only(ctx, n))
+        if left:
+            restore = {key: _put_back(ctx, key, left, f" under `if {name}`") for key in found.uses}
+            return updated.with_changes(value=updated.value.visit(_Restore(restore)))
+    return updated
+
+
+def _put_back(ctx: MigrationContext, key: int, left: str, where: str = "") -> cst.CSTNode:
+    original, report, _, shown = ctx.guards.pop(key)
+    report.applied = False
+    report.fix = FixKind.NONE
+    report.message = (
+        f"`{ctx.short(shown)}` guards code that is still CUDA-only (`{left}`{where}): left as it is "
+        "(False on a TPU, so the other branch runs); port what it guards, then the guard")
+    return original
+
+
+# What no rule ports (streams, events, graphs, RNG state, NVTX): a flag whose `if` leads to
+# one of these is a CUDA-only guard.
+_CUDA_ONLY_USE = re.compile(r"torch\.cuda\.(?:Stream|stream|current_stream|default_stream|"
+                            r"set_stream|Event|graph|CUDAGraph|graphs|nvtx|get_rng_state|"
+                            r"set_rng_state|comm|nccl|jiterator)\b")
+
+
+def _guards_cuda_only(ctx: MigrationContext, name: str) -> str | None:
+    pattern = re.compile(rf"^([ \t]*)(?:el)?if\b[^\n]*\b{re.escape(name)}\b[^\n]*:[ \t]*\n"
+                         rf"((?:\1[ \t]+[^\n]*\n|[ \t]*\n)*)", re.M)
+    for match in pattern.finditer(ctx.source):
+        used = _CUDA_ONLY_USE.search(match.group(2))
+        if used:
+            return used.group(0)
+    return None
+
+
+class _GuardUses(cst.CSTVisitor):
+    """The registered guards in a test, each with whether it is negated (`not ...`)."""
+
+    def __init__(self, guards: dict) -> None:
+        self.guards = guards
+        self.uses: dict[int, bool] = {}
+        self.negations = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if id(node) in self.guards:
+            self.uses[id(node)] = self.negations % 2 == 1
+            return False
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+            self.negations += 1
+        return True
+
+    def on_leave(self, node: cst.CSTNode) -> None:
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+            self.negations -= 1
+
+
+class _Restore(cst.CSTTransformer):
+    def __init__(self, originals: dict) -> None:
+        self.originals = originals
+
+    def on_leave(self, original, updated):
+        return self.originals.get(id(original), updated)
+
+
+def residual_cuda(ctx: MigrationContext, node: cst.CSTNode, strings: bool = False) -> str | None:
+    """The first CUDA-only thing left in rewritten code (a torch.cuda name, a name or module
+    that says cuda, a `.cuda()` call, a "cuda" device string, a CUDA-only library; with
+    `strings`, any string that says gpu or cuda), or None."""
+    finder = _ResidualCuda(ctx, strings)
+    node.visit(finder)
+    return finder.found
+
+
+class _ResidualCuda(cst.CSTVisitor):
+    def __init__(self, ctx: MigrationContext, strings: bool) -> None:
+        self.ctx = ctx
+        self.strings = strings
+        self.found: str | None = None
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.found is not None:
+            return False
+        if isinstance(node, (cst.Attribute, cst.Name)):
+            name = self.ctx.qualify(node) or ""
+            own = node.attr.value if isinstance(node, cst.Attribute) else node.value
+            pinned = self.ctx.target == "xla" and "pin_memory" in own
+            if name == "torch.cuda" or name.startswith("torch.cuda.") or _cuda_only(name) \
+                    or "cuda" in own.lower() or pinned:
+                # .cuda(), cuda_ops, cudagraph_mark_step_begin; on XLA pinned host memory is
+                # a CUDA copy aid
+                self.found = self.ctx.short(node)
+                return False
+        elif isinstance(node, (cst.Import, cst.ImportFrom)):
+            modules = ([dotted(node.module) or ""] if isinstance(node, cst.ImportFrom)
+                       else [dotted(a.name) or "" for a in node.names])
+            hit = next((m for m in modules if "cuda" in m or _cuda_only(m)), None)
+            if hit is not None:
+                self.found = f"import {hit}"  # `from .backends.cuda import ops`
+            return False
+        elif isinstance(node, cst.SimpleString) and (
+                is_cuda_device_string(node) or _CUDA_WORD.match(string_value(node) or "")
+                or (self.strings and _SAYS_GPU.search(node.value))):
+            self.found = node.value  # "-gpu" packages, "Launching training on one GPU."
+        return True
+
+
+_SAYS_GPU = re.compile(r"gpu|cuda", re.I)
+_CUDA_WORD = re.compile(r"(?:cuda|nccl)\Z", re.I)  # BNB_BACKEND = "CUDA", backend = "nccl"
+
+
+# Beyond the TPU9xx rules' modules: libraries only a CUDA machine has.
+_CUDA_ONLY_EXTRA = ("tensorrt", "pycuda", "numba.cuda", "cuda")
+
+
+def cuda_only_function(node: cst.FunctionDef) -> str | None:
+    """Why a function is CUDA-only code, which tpukit does not rewrite (its findings stay for
+    a person): its name says cuda or triton (a `cuda()` method, inductor's `triton(...)`), or
+    its body imports a CUDA-only library (TensorRT calibration, a triton kernel's launcher)."""
+    name = node.name.value.lower()
+    if "cuda" in name or "triton" in name:
+        return f"`{node.name.value}` is named for CUDA"
+    body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
+    for stmt in body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            modules = ([dotted(small.module) or ""] if isinstance(small, cst.ImportFrom)
+                       and not small.relative else [dotted(a.name) or "" for a in small.names]
+                       if isinstance(small, cst.Import) else [])
+            for module in modules:
+                if _cuda_only(module) or any(module == m or module.startswith(m + ".")
+                                             for m in _CUDA_ONLY_EXTRA):
+                    return f"`{node.name.value}` imports {module}, a CUDA-only library"
+    return None
+
+
+def _cuda_only(name: str) -> bool:
+    return bool(name) and any(name == m or name.startswith(m + ".") for m in cuda_only_modules())
+
+
+@functools.cache
+def cuda_only_modules() -> tuple[str, ...]:
+    """The modules the CUDA-only-library rules (TPU9xx) name."""
+    return tuple(m for rule in load_rules().values()
+                 if rule.extra.get("engine") == "cuda-only-import" for m in rule.extra["modules"])
