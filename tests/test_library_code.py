@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import stat
 import textwrap
+import time
 
 import pytest
 
@@ -233,11 +234,16 @@ def test_a_killed_runs_temporary_files_are_removed_by_the_next_run(tmp_path, run
     (tmp_path / "pkg" / "train.py").write_text(CUDA_FILE)
     stale = tmp_path / "pkg" / ".train.py.k3x_9qz1.tpukit"
     stale.write_text("half")
+    hour_ago = time.time() - 3600
+    os.utime(stale, (hour_ago, hour_ago))
     keep = tmp_path / "pkg" / ".notes.tpukit"  # not of our naming
     keep.write_text("mine")
+    live = tmp_path / "pkg" / ".run.json.a1b2c3d4.tpukit"  # another tpukit writing right now
+    live.write_text("{")
     run_cli("migrate", "pkg", cwd=tmp_path, check_rc=0)
-    assert not stale.exists() and keep.exists()
-    assert sorted(p.name for p in (tmp_path / "pkg").iterdir()) == [".notes.tpukit", "train.py"]
+    assert not stale.exists() and keep.exists() and live.exists()
+    assert sorted(p.name for p in (tmp_path / "pkg").iterdir()) == [
+        ".notes.tpukit", ".run.json.a1b2c3d4.tpukit", "train.py"]
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")

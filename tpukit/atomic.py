@@ -9,6 +9,7 @@ import os
 import re
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 TEMP_SUFFIX = ".tpukit"
@@ -50,14 +51,29 @@ def _keep_owner(tmp: str, like: os.stat_result) -> None:
             os.chmod(tmp, stat.S_IMODE(like.st_mode))  # chown clears set-id bits
 
 
-def stale_temp_files(folder: Path) -> list[Path]:
+# A write lasts milliseconds: a temporary file older than this is no live write's (another
+# tpukit migrate, or `tpukit run --json` rewriting its partial report, in the same folder).
+STALE_AFTER_S = 60
+
+
+def stale_temp_files(folder: Path, now: float | None = None) -> list[Path]:
     """Temporary files of ours in `folder` that a killed run left behind (a SIGKILL between
-    the write and the rename): `.NAME.XXXXXXXX.tpukit`."""
+    the write and the rename): `.NAME.XXXXXXXX.tpukit`, untouched for STALE_AFTER_S."""
     try:
         names = os.listdir(folder)
     except OSError:
         return []
-    return [folder / n for n in names if n.endswith(TEMP_SUFFIX) and _TEMP_NAME.match(n)]
+    now = time.time() if now is None else now
+    found = []
+    for name in names:
+        if not (name.endswith(TEMP_SUFFIX) and _TEMP_NAME.match(name)):
+            continue
+        try:
+            if now - os.stat(folder / name).st_mtime > STALE_AFTER_S:
+                found.append(folder / name)
+        except OSError:  # renamed or removed meanwhile: a live write after all
+            pass
+    return found
 
 
 def remove_stale_temp_files(folders) -> int:
