@@ -18,8 +18,6 @@ context manager called as a statement (all must be 0). Exit 1 if any is not.
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import subprocess
 import sys
 import tomllib
@@ -28,33 +26,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from torchtpu_outputs import torchtpu_options, uses_of  # noqa: E402
+from torchtpu_outputs import NO_TPU, run_worker, torchtpu_options, uses_of  # noqa: E402
 
 from tpukit.migrate.engine import migrate_source  # noqa: E402
-
-WORKER = ROOT / "tests" / "torchtpu_calls.py"
-NO_TPU = re.compile(r"none is available|no TPU devices|expected TPU devices, got none|"
-                    r"unrecognized TPU|No jellyfish device|device type at start of device string")
 
 
 def source_of(mirrors: Path, repo: str, commit: str, path: str) -> str:
     git_dir = mirrors / repo.replace("/", "+") / "repo"
     return subprocess.run(["git", "-C", str(git_dir), "show", f"{commit}:{path}"],
                           capture_output=True, text=True, check=True).stdout
-
-
-def check(uses) -> list[dict]:
-    request = {
-        "chains": sorted(uses.chains),
-        "calls": [{"func": c.func, "code": c.code, "statement": c.statement, "call": c.literal,
-                   "key": c.code} for c in sorted(uses.calls, key=lambda c: c.code)],
-        "assignments": sorted(uses.assignments), "helpers": uses.helpers,
-    }
-    proc = subprocess.run([sys.executable, str(WORKER)], input=json.dumps(request),
-                          capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        raise SystemExit(f"the worker failed: {proc.stderr.strip().splitlines()[-1:]}")
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
 def main() -> int:
@@ -71,7 +51,7 @@ def main() -> int:
         before = source_of(args.mirrors, entry["repo"], entry["commit"], entry["path"])
         migration = migrate_source(before, entry["path"], options)
         uses = uses_of(migration.new_source).minus(uses_of(before))
-        lines = check(uses)
+        lines = run_worker(uses)
         made = [x for x in lines if "call" in x and x.get("value") != "not called"]
         no_tpu = [x for x in lines if NO_TPU.search(x.get("message", ""))]
         bad = [x for x in lines if "error" in x and not NO_TPU.search(x.get("message", ""))]

@@ -13,26 +13,17 @@ install fails instead of skipping.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from torchtpu_outputs import outputs
+from torchtpu_outputs import NO_TPU, Uses, outputs, run_worker, uses_of
 
 if os.environ.get("TPUKIT_REQUIRE_TORCH_TPU") != "1":
     pytest.importorskip("torch_tpu", reason="no torch-tpu here: `make test-torchtpu` runs this "
                         "against the real wheel in a venv of its own")
 
-WORKER = Path(__file__).with_name("torchtpu_calls.py")
-# Errors that only say there is no TPU on this host: the call itself is right.
-NO_TPU = re.compile(r"none is available|no TPU devices|expected TPU devices, got none|"
-                    r"unrecognized TPU|No jellyfish device|"
-                    r"device type at start of device string: tpu")
 INTERNAL = re.compile(r"is internal to TorchTPU")
 
 
@@ -40,36 +31,15 @@ INTERNAL = re.compile(r"is internal to TorchTPU")
 def outcomes():
     """Every introduced chain, call and assignment across all outputs, made once against the
     wheel (one worker process), with the outputs that use each."""
-    chains: dict[str, set[str]] = {}
-    calls: dict[str, dict] = {}
-    assignments: dict[str, set[str]] = {}
-    helper_sources: dict[str, str] = {}
-    users: dict[str, set[str]] = {}
+    every, users = Uses(), {}
     for name, _source, uses in outputs():
-        for chain in uses.chains:
-            chains.setdefault(chain, set()).add(name)
-        for call in uses.calls:
-            key = f"{call.code} [statement]" if call.statement else call.code
-            calls[key] = {"func": call.func, "code": call.code, "statement": call.statement,
-                          "call": call.literal, "key": key}
+        every.merge(uses)
+        for key in uses.keys():
             users.setdefault(key, set()).add(name)
-        for statement in uses.assignments:
-            assignments.setdefault(statement, set()).add(name)
-        helper_sources.update(uses.helpers)
-    request = {"chains": sorted(chains), "calls": [calls[k] for k in sorted(calls)],
-               "assignments": sorted(assignments), "helpers": helper_sources}
-    proc = subprocess.run([sys.executable, str(WORKER)], input=json.dumps(request),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    lines = run_worker(every)
+    assert len(lines) == len(users), lines[-3:]
     for line in lines:
-        if "chain" in line:
-            line["users"] = sorted(chains[line["chain"]])
-        elif "call" in line:
-            line["users"] = sorted(users[line["key"]])
-        else:
-            line["users"] = sorted(assignments[line["assignment"]])
-    assert len(lines) == len(chains) + len(calls) + len(assignments), proc.stdout[-3000:]
+        line["users"] = sorted(users[line["key"]])
     return lines
 
 
@@ -123,16 +93,7 @@ def test_checker_catches_internal_calls_missing_names_and_bare_context_managers(
               "torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)\n"
               "torch.tpu.no_such_name\n"
               "torch.tpu.eager_mode = torch.tpu.EagerMode.DEFER_NEVER\n")
-    from torchtpu_outputs import uses_of
-
-    uses = uses_of(source)
-    request = {"chains": sorted(uses.chains),
-               "calls": [{"func": c.func, "code": c.code, "statement": c.statement,
-                          "call": c.literal} for c in sorted(uses.calls, key=lambda c: c.code)],
-               "assignments": sorted(uses.assignments)}
-    proc = subprocess.run([sys.executable, str(WORKER)], input=json.dumps(request),
-                          capture_output=True, text=True, timeout=300)
-    lines = {next(iter(line.values())): line for line in map(json.loads, proc.stdout.splitlines())}
+    lines = {next(iter(line.values())): line for line in run_worker(uses_of(source))}
     assert INTERNAL.search(lines["torch.tpu.synchronize()"]["message"])
     assert lines["torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)"]["error"] == \
         "BareContextManager"

@@ -11,6 +11,10 @@ Shared by test_torchtpu_api.py (static, against tests/data/*.txt) and test_torch
 from __future__ import annotations
 
 import ast
+import json
+import re
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +26,11 @@ from tpukit.rules import load_rules, select_rules
 ROOT = Path(__file__).resolve().parent.parent
 PREFIXES = ("torch.tpu", "torch.accelerator")
 INTERNAL = ROOT / "tests" / "data" / "torchtpu-INTERNAL.txt"
+WORKER = ROOT / "tests" / "torchtpu_calls.py"
+# Errors that only say there is no TPU on this host: the call itself is right.
+NO_TPU = re.compile(r"none is available|no TPU devices|expected TPU devices, got none|"
+                    r"unrecognized TPU|No jellyfish device|"
+                    r"device type at start of device string: tpu")
 
 
 def internal_names() -> dict[str, str]:
@@ -55,6 +64,17 @@ class Uses:
                     self.assignments - other.assignments,
                     {k: v for k, v in self.helpers.items() if k not in other.helpers},
                     self.imported - other.imported)
+
+    def merge(self, other: "Uses") -> None:
+        self.chains |= other.chains
+        self.calls |= other.calls
+        self.assignments |= other.assignments
+        self.helpers.update(other.helpers)
+        self.imported |= other.imported
+
+    def keys(self) -> list[str]:
+        """What the worker names each item by: a chain, a call's key, an assignment."""
+        return [*self.chains, *map(call_key, self.calls), *self.assignments]
 
     def tpu_chains(self) -> set[str]:
         """The `torch.tpu...` chains alone (torch-tpu's own namespace)."""
@@ -144,6 +164,29 @@ class _Collector(ast.NodeVisitor):
             self.uses.chains.add(name)  # the whole chain; its prefixes are resolved from it
             return
         self.generic_visit(node)
+
+
+def call_key(call: Call) -> str:
+    return f"{call.code} [statement]" if call.statement else call.code
+
+
+def run_worker(uses: Uses, timeout: float = 300) -> list[dict]:
+    """Every chain, call and assignment of `uses` made against the torch and torch_tpu of this
+    interpreter (tests/torchtpu_calls.py, a process of its own): one dict each, with `key`."""
+    request = {
+        "chains": sorted(uses.chains),
+        "calls": [{"func": c.func, "code": c.code, "statement": c.statement, "call": c.literal,
+                   "key": call_key(c)} for c in sorted(uses.calls, key=call_key)],
+        "assignments": sorted(uses.assignments), "helpers": uses.helpers,
+    }
+    proc = subprocess.run([sys.executable, str(WORKER)], input=json.dumps(request),
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the torch-tpu worker failed: {proc.stderr[-3000:]}")
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    for line in lines:
+        line.setdefault("key", line.get("chain") or line.get("assignment"))
+    return lines
 
 
 def uses_of(source: str) -> Uses:

@@ -44,8 +44,10 @@ def load_report(path: Path) -> Report:
 
 
 def summary_line(command: str, summary: dict) -> str:
+    """A run's summary line, made again from its summary; other commands' lines are not saved
+    in their JSON, so none is shown."""
     if command == "run" and "steps" in summary:
         from tpukit.run.command import summary_line as run_line
 
         return run_line(summary)
-    return f"{command}: {len(summary)} summary field(s)" if summary else command
+    return ""

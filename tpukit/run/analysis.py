@@ -396,7 +396,7 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
     steps = probe.steps
     loops = Loops(steps, warmup)
     compiles = [g for s in steps for g in s.graphs if g.kind == "compile"]
-    dump = getattr(probe, "graph_dump", None)
+    dump = probe.graph_dump
     findings = by_cost(recompile_findings(steps, loops, script, probe.fallback_lines, probe.models,
                                           dump.graphs if dump is not None else None)
                        + fallback_findings(probe, steps, loops, script) + sync_findings(steps, loops))
