@@ -25,6 +25,12 @@ _LOADER_ASSIGN = re.compile(r"(\w+)\s*=\s*(?:[\w.]*\.)?DataLoader\s*\(")
 _LOADER_SAMPLER = re.compile(r"(\w+)\.sampler\.set_epoch\s*\(")
 NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 HOST_READS = ("item", "tolist", "cpu", "numpy")
+BOTH_BRANCHES = ("a training step without a graph barrier, stepping an optimizer in one branch "
+                 "and updating the parameters by hand in the other: `torch_xla.sync()` added "
+                 "after both")
+HAND_STEP = ("a training step that updates its parameters by hand (a `.backward()`, no optimizer "
+             "object) without a graph barrier: each step's update would pile into the next "
+             "step's graph (a bigger graph and a new compile every step)")
 
 
 # `train_dl, model, opt = accelerator.prepare(train_dl, model, opt)`: accelerate's loader
@@ -88,13 +94,16 @@ def is_optimizer_step(ctx, call: cst.BaseExpression) -> bool:
 
 
 class _OwnStep(cst.CSTVisitor):
-    """Is a function one training step: an optimizer step outside any loop of its own, and no
-    graph barrier? (A function that loops over batches gets its barriers inside.)"""
+    """Is a function one training step: an optimizer step (or a `.backward()` and a hand-written
+    update that reads `.grad`) outside any loop of its own, and no graph barrier? (A function
+    that loops over batches gets its barriers inside.)"""
 
     def __init__(self, ctx) -> None:
         self.ctx = ctx
         self.steps = False
         self.barrier = False
+        self.backward = False  # `.backward()` outside any loop of its own
+        self.reads_grad = False  # `p.grad`: a hand-written update (no optimizer object)
         self.loops = 0
 
     def visit_For(self, node) -> None:
@@ -114,6 +123,13 @@ class _OwnStep(cst.CSTVisitor):
             self.steps = True
         if is_barrier(self.ctx, node):
             self.barrier = True
+        if (isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward"
+                and not self.loops):
+            self.backward = True
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value == "grad":
+            self.reads_grad = True
 
 
 def is_stepping_function(ctx, name: str) -> bool:
@@ -122,8 +138,9 @@ def is_stepping_function(ctx, name: str) -> bool:
     trainer's epoch loop)? Only the named function is scanned, once per file."""
     def definitions() -> dict[str, list[cst.FunctionDef]]:
         found: dict[str, list[cst.FunctionDef]] = {}
-        if ".step(" not in ctx.source and "optimizer_step" not in ctx.source:
-            return found  # nothing steps an optimizer in this file
+        if (".step(" not in ctx.source and "optimizer_step" not in ctx.source
+                and ".backward(" not in ctx.source):
+            return found  # nothing steps an optimizer or runs a backward in this file
         for stmt in ctx.module.body:
             defs = [stmt] if isinstance(stmt, cst.FunctionDef) else (
                 [s for s in stmt.body.body if isinstance(s, cst.FunctionDef)]
@@ -137,7 +154,8 @@ def is_stepping_function(ctx, name: str) -> bool:
         for function in ctx.memo("function_defs", definitions).get(name, ()):
             finder = _OwnStep(ctx)
             function.visit(finder)
-            if finder.steps and not finder.barrier:
+            hand_update = finder.backward and finder.reads_grad
+            if (finder.steps or hand_update) and not finder.barrier:
                 return True
         return False
 
@@ -195,6 +213,63 @@ def _calls_stepping_function(ctx, node: cst.Call) -> bool:
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
         return is_stepping_function(ctx, func.attr.value)
     return isinstance(func, cst.Name) and is_stepping_function(ctx, func.value)
+
+
+class _ReadsGrad(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found = False
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if node.attr.value == "grad":
+            self.found = True
+        return not self.found
+
+
+def _contains(stmt: cst.CSTNode, target: cst.CSTNode) -> bool:
+    class Find(cst.CSTVisitor):
+        found = False
+
+        def on_visit(self, node) -> bool:
+            if node is target:
+                self.found = True
+            return not self.found
+
+    finder = Find()
+    stmt.visit(finder)
+    return finder.found
+
+
+def hand_update(ctx, loop: cst.For | cst.While, backward: cst.SimpleStatementLine):
+    """A training step with no optimizer object (`loss.backward()`, then
+    `for p in model.parameters(): p.data.add_(p.grad, alpha=-lr)` or `p -= lr * p.grad` under
+    `torch.no_grad()`): the statement of the loop body, at or after the backward's, that last
+    reads `.grad` (the update), or None when no statement does (the update is in a function of
+    another file: the barrier then ends the body)."""
+    body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else ()
+    start = next((i for i, stmt in enumerate(body) if _contains(stmt, backward)), None)
+    if start is None:
+        return None
+    update = None
+    for stmt in body[start:]:
+        reads = _ReadsGrad()
+        stmt.visit(reads)
+        if reads.found:
+            update = stmt
+    return update
+
+
+def _branch_with_hand_update(loop: cst.For | cst.While, step: cst.SimpleStatementLine):
+    """The `if` of the loop body whose branch steps the optimizer while its `else` updates the
+    parameters by hand (pytorch/examples word_language_model: `if args.use_optimizer:
+    optimizer.step()` / `else: for p in model.parameters(): p.data.add_(p.grad, ...)`): the
+    barrier goes after the whole `if`, so both kinds of step are cut."""
+    body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else ()
+    top = next((stmt for stmt in body if _contains(stmt, step)), None)
+    if not isinstance(top, cst.If) or top.orelse is None or not _contains(top.body, step):
+        return None
+    reads = _ReadsGrad()
+    top.orelse.visit(reads)
+    return top if reads.found else None
 
 
 def accumulation_backwards(ctx, loop: cst.For | cst.While) -> list[cst.SimpleStatementLine]:
@@ -320,6 +395,8 @@ class StepBarrier(Transform):
         self.at_end: set[cst.CSTNode] = set()  # eval loops: sync as last statement
         self.before: dict[cst.CSTNode, cst.CSTNode] = {}  # eval loops: sync before this line
         self.micro_steps: set[cst.CSTNode] = set()  # backward lines of accumulation loops
+        self.after_update: dict[cst.CSTNode, tuple] = {}  # hand update -> (loop, message)
+        self.update_at_end: set[cst.CSTNode] = set()  # hand updates elsewhere: body's end
         self.no_grad_depth = 0
 
     def _no_grad_decorated(self, node: cst.FunctionDef) -> bool:
@@ -342,11 +419,6 @@ class StepBarrier(Transform):
         if any(isinstance(i.item, cst.Call) and self.ctx.qualify(i.item.func) in NO_GRAD for i in node.items):
             self.no_grad_depth += 1
 
-    def leave_With(self, original, updated):
-        if any(isinstance(i.item, cst.Call) and self.ctx.qualify(i.item.func) in NO_GRAD for i in original.items):
-            self.no_grad_depth -= 1
-        return None
-
     def _loop(self, node) -> None:
         if isinstance(node, cst.For) and loader_in_iter(self.ctx, node.iter):
             return  # MpDeviceLoader cuts the graph once per batch
@@ -354,8 +426,21 @@ class StepBarrier(Transform):
         if finder.has_barrier:
             return
         if finder.step_lines:
-            self.after[finder.step_lines[-1]] = node  # after the last step: one barrier a step
+            both = _branch_with_hand_update(node, finder.step_lines[-1])
+            if both is not None:  # `if use_optimizer: opt.step()` / `else: p.data.add_(...)`
+                self.after_update[both] = (node, BOTH_BRANCHES)
+            else:
+                self.after[finder.step_lines[-1]] = node  # after the last step: one a step
             self.micro_steps.update(accumulation_backwards(self.ctx, node))
+        elif finder.backward is not None and finder.backward not in self.micro_steps:
+            # A training step is found by its `.backward()`, not by an optimizer: a loop that
+            # updates the parameters by hand would pile every step's update into the next
+            # step's graph (a bigger graph and a new compile per step).
+            update = hand_update(self.ctx, node, finder.backward)
+            if update is not None:
+                self.after_update[update] = (node, HAND_STEP + "; `torch_xla.sync()` added after the update")
+            elif isinstance(node.body, cst.IndentedBlock):
+                self.update_at_end.add(node)
         elif self.no_grad_depth and finder.calls_batch:
             body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
             if finder.first_host_read is not None and finder.first_host_read in body:
@@ -396,6 +481,8 @@ class StepBarrier(Transform):
                 "added after the backward",
                 lambda: cst.FlattenSentinel([updated, self._sync_line()]),
             )
+        if original in self.after_update:
+            return self._after_update(original, updated)
         if original not in self.after:
             return None
         self.after.pop(original)
@@ -408,21 +495,53 @@ class StepBarrier(Transform):
         return result
 
     def _end(self, original, updated):
-        if original not in self.at_end:
+        if original in self.update_at_end:
+            self.update_at_end.discard(original)
+            message = HAND_STEP + "; `torch_xla.sync()` added at the end of the step"
+        elif original in self.at_end:
+            self.at_end.discard(original)
+            message = ("an eval loop over hand-made batches without a graph barrier: "
+                       "`torch_xla.sync()` added once per batch")
+        else:
             return None
-        self.at_end.discard(original)
         body = updated.body
         if not isinstance(body, cst.IndentedBlock):
             return None
         return self.fix_or_report(
-            original.body,
-            "an eval loop over hand-made batches without a graph barrier: "
-            "`torch_xla.sync()` added once per batch",
+            original.body, message,
             lambda: updated.with_changes(body=body.with_changes(body=[*body.body, self._sync_line()])),
         )
 
+    def _after_update(self, original, updated):
+        """`torch_xla.sync()` right after the statement that updates the parameters by hand."""
+        if original not in self.after_update:
+            return None
+        _, message = self.after_update.pop(original)
+        return self.fix_or_report(
+            original, message,
+            lambda: cst.FlattenSentinel([updated, self._sync_line()]),
+        )
+
     def leave_For(self, original, updated):
-        return self._end(original, updated)
+        ended = self._end(original, updated)
+        if original in self.after_update:
+            return self._after_update(original, updated if ended is None else ended)
+        return ended
 
     def leave_While(self, original, updated):
-        return self._end(original, updated)
+        ended = self._end(original, updated)
+        if original in self.after_update:
+            return self._after_update(original, updated if ended is None else ended)
+        return ended
+
+    def leave_With(self, original, updated):
+        if any(isinstance(i.item, cst.Call) and self.ctx.qualify(i.item.func) in NO_GRAD
+               for i in original.items):
+            self.no_grad_depth -= 1
+        return self._after_update(original, updated)
+
+    def leave_If(self, original, updated):
+        return self._after_update(original, updated)
+
+    def leave_Try(self, original, updated):
+        return self._after_update(original, updated)
