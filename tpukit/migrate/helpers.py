@@ -39,14 +39,45 @@ def _tpu_launch_process_count():
 
     return hardware.get_tpu_device_count()
 ''',
+    "_XlaTimingEvent": '''
+class _XlaTimingEvent:
+    """torch.cuda.Event on XLA (inserted by tpukit): XLA has no streams or events, so record()
+    cuts the graph, waits for the device to run it, and reads the host clock; elapsed_time() is
+    the time between two records in milliseconds, as CUDA's."""
+
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+        self._seconds = None
+
+    def record(self, stream=None):
+        from time import perf_counter
+
+        torch_xla.sync()
+        xm.wait_device_ops()
+        self._seconds = perf_counter()
+
+    def synchronize(self):
+        xm.wait_device_ops()
+
+    def wait(self, stream=None):
+        pass  # one XLA device queue: work recorded before is already ahead of what follows
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, end_event):
+        if self._seconds is None or end_event._seconds is None:
+            raise RuntimeError("elapsed_time: both events must be recorded first")
+        return (end_event._seconds - self._seconds) * 1000.0
+''',
 }
 IMPORTS_OF: dict[str, tuple[str, ...]] = {"_xla_memory_stat": ("xm", "torch_xla"),
+                                          "_XlaTimingEvent": ("xm", "torch_xla"),
                                           "_xla_launch_process_count": ("xr",),
                                           "_tpu_launch_process_count": ()}
 
 
 def _defined(module: cst.Module) -> set[str]:
-    return {s.name.value for s in module.body if isinstance(s, cst.FunctionDef)}
+    return {s.name.value for s in module.body if isinstance(s, (cst.FunctionDef, cst.ClassDef))}
 
 
 def _is_import_line(stmt: cst.CSTNode) -> bool:
@@ -95,9 +126,14 @@ def insert(module: cst.Module, names: set[str]) -> cst.Module:
     for name in missing:
         func = cst.parse_statement(SOURCES[name].strip() + "\n")
         new.append(func.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]))
-    if position < len(body):
+    if position < len(body):  # two blank lines after a top-level definition (PEP 8)
         following = body[position]
-        if not following.leading_lines:
-            body[position] = following.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+        lines = list(following.leading_lines)
+        blank = 0
+        while blank < len(lines) and lines[blank].comment is None:
+            blank += 1
+        if blank < 2:
+            body[position] = following.with_changes(
+                leading_lines=[cst.EmptyLine()] * (2 - blank) + lines)
     body[position:position] = new
     return module.with_changes(body=body)
