@@ -400,14 +400,27 @@ def test_unsafe_fixes_apply_only_when_asked():
         "dev = torch.device('cuda')\n"
     )
     safe = migrate_source(source, "t.py", ALL)
-    assert ".half()" in safe.new_source and "drop_last" not in safe.new_source
-    assert {f.code for f in safe.findings if not f.applied} >= {"TPU202", "TPU302", "TPU501"}
+    # a training script: .half() becomes bfloat16 as fp16 AMP does (TPU202 is safe there)
+    assert ".bfloat16()" in safe.new_source and "drop_last" not in safe.new_source
+    assert {f.code for f in safe.findings if not f.applied} >= {"TPU302", "TPU501"}
     unsafe = migrate_source(source, "t.py", UNSAFE).new_source
     assert "model = build().bfloat16()" in unsafe
     assert "DataLoader(ds, batch_size=8, drop_last=True)" in unsafe
     assert "    xm.add_step_closure(lambda: print(f'loss {loss.item():.3f}'))" in unsafe
     compile(unsafe, "t.py", "exec")
     assert migrate_source(unsafe, "t.py", UNSAFE).new_source == unsafe
+
+
+def test_half_outside_a_training_script_is_an_unsafe_fix():
+    # No `.backward()`: an export or serving script, whose float16 may be the format it writes.
+    source = "import torch\nmodel = build().half().cuda()\ntorch.save(model.state_dict(), 'm.pt')\n"
+    safe = migrate_source(source, "export.py", ALL)
+    assert ".half()" in safe.new_source
+    (finding,) = [f for f in safe.findings if f.code == "TPU202"]
+    assert not finding.applied and "--unsafe-fixes" in finding.message
+    assert ".bfloat16()" in migrate_source(source, "export.py", UNSAFE).new_source
+    training = source + "loss = model(x).sum()\nloss.backward()\n"
+    assert ".bfloat16()" in migrate_source(training, "train.py", ALL).new_source
 
 
 def test_tied_weights_are_retied_after_a_chained_move():

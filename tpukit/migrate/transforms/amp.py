@@ -12,6 +12,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from tpukit.findings import FixKind
 from tpukit.migrate.context import (
     dotted,
     find_keyword,
@@ -112,8 +113,22 @@ class Autocast(Transform):
 
 @transform("TPU202")
 class HalfPrecision(Transform):
-    """`.half()` and float16 casts of models and inputs: bfloat16 on TPU (unsafe: changes the
-    numerics the script was tuned with)."""
+    """`.half()` and float16 casts of models and inputs: bfloat16 on TPU. Applied in a training
+    script (it calls `.backward()`), as fp16 AMP becomes bf16 autocast there; elsewhere (a
+    library, an export script) a finding, applied with --unsafe-fixes: a float16 there may be
+    the format of a file it writes."""
+
+    def fix_or_report(self, node, message, build):
+        if self.ctx.package_module or ".backward(" not in self.ctx.source:
+            if not (self.ctx.unsafe_fixes and not self.ctx.cuda_only):
+                self.ctx.report(self.rule, node, message + " (not a training script: applied "
+                                "with --unsafe-fixes)", applied=False, fix=FixKind.UNSAFE)
+                return None
+            replacement = build()
+            self.ctx.report(self.rule, node, message, applied=True, fix=FixKind.UNSAFE)
+            return replacement
+        return super().fix_or_report(node, message + " (bfloat16: float32's range, 3 fewer "
+                                     "mantissa bits than float16; no loss scaling needed)", build)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         func = original.func
