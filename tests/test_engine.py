@@ -50,9 +50,17 @@ def test_aliased_autocast_import_is_resolved_and_its_import_removed():
 
 
 def test_unmapped_cuda_name_through_a_from_import_is_reported():
-    found = migrate("from torch.cuda import FloatTensor as FT\nx = FT(3)\n")
+    found = migrate("from torch.cuda import get_arch_list as arches\nx = arches()\n")
     assert [f.code for f in found.findings] == ["TPU117"]
-    assert "torch.cuda.FloatTensor" in found.findings[0].message
+    assert "torch.cuda.get_arch_list" in found.findings[0].message
+
+
+def test_a_typed_tensor_through_a_from_import_is_rewritten():
+    found = migrate("from torch.cuda import FloatTensor as FT\nx = FT(3)\n")
+    assert [f.code for f in found.findings] == ["TPU121"]
+    assert "x = _XlaTensorType(torch.float32)(3)" in found.new_source
+    assert "from torch.cuda import" not in found.new_source  # the import went with its use
+    compile(found.new_source, "t.py", "exec")
 
 
 def test_local_named_cuda_is_left_alone():

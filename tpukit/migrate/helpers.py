@@ -69,8 +69,54 @@ class _XlaTimingEvent:
             raise RuntimeError("elapsed_time: both events must be recorded first")
         return (end_event._seconds - self._seconds) * 1000.0
 ''',
+    "_XlaTensorType": '''
+class _XlaTensorType:
+    """A CUDA typed tensor (`torch.cuda.FloatTensor` and friends) on XLA (inserted by tpukit):
+    called with sizes it makes an uninitialised tensor of its dtype on the XLA device, called
+    with data (a list, an array, a tensor) a copy of the data there, as the legacy type did;
+    `x.type(T)` is written `x.to(T.device, T.dtype)`."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    @property
+    def device(self):
+        return torch_xla.device()
+
+    def __call__(self, *data):
+        if not data:
+            return torch.empty(0, dtype=self.dtype, device=self.device)
+        if all(isinstance(d, int) for d in data) or (
+                len(data) == 1 and isinstance(data[0], torch.Size)):
+            return torch.empty(*data, dtype=self.dtype, device=self.device)
+        (values,) = data
+        return torch.as_tensor(values, dtype=self.dtype).to(self.device)
+''',
+    "_TpuTensorType": '''
+class _TpuTensorType:
+    """A CUDA typed tensor (`torch.cuda.FloatTensor` and friends) on TorchTPU (inserted by
+    tpukit): called with sizes it makes an uninitialised tensor of its dtype on the TPU, called
+    with data (a list, an array, a tensor) a copy of the data there, as the legacy type did;
+    `x.type(T)` is written `x.to(T.device, T.dtype)`."""
+
+    device = torch.device("tpu")
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __call__(self, *data):
+        if not data:
+            return torch.empty(0, dtype=self.dtype, device=self.device)
+        if all(isinstance(d, int) for d in data) or (
+                len(data) == 1 and isinstance(data[0], torch.Size)):
+            return torch.empty(*data, dtype=self.dtype, device=self.device)
+        (values,) = data
+        return torch.as_tensor(values, dtype=self.dtype).to(self.device)
+''',
 }
 IMPORTS_OF: dict[str, tuple[str, ...]] = {"_xla_memory_stat": ("xm", "torch_xla"),
+                                          "_XlaTensorType": ("torch", "torch_xla"),
+                                          "_TpuTensorType": ("torch", "torch_tpu"),
                                           "_XlaTimingEvent": ("xm", "torch_xla"),
                                           "_xla_launch_process_count": ("xr",),
                                           "_tpu_launch_process_count": ()}

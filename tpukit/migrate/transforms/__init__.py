@@ -14,4 +14,5 @@ def load_transforms() -> None:
         hot_loop,
         loops,
         optimizer_device,
+        typed_tensors,
     )
