@@ -11,6 +11,7 @@ def load_transforms() -> None:
         devices,
         distributed,
         generic,
+        grad_mode,
         hot_loop,
         loops,
         optimizer_device,

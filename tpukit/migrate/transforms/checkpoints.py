@@ -47,6 +47,13 @@ def _has_state_dict(expr: cst.BaseExpression) -> bool:
     return False
 
 
+def _is_container(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, (cst.Dict, cst.List, cst.Tuple)):
+        return True
+    return (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name)
+            and expr.func.value in ("dict", "list", "tuple"))
+
+
 @transform("TPU304")
 class CheckpointSave(Transform):
     def leave_Call(self, node: cst.Call, updated: cst.Call):
@@ -59,7 +66,9 @@ class CheckpointSave(Transform):
         name = terminal_name(obj).lower()
         dict_names = self.ctx.memo("dict_names", lambda: {
             *_DICT_ASSIGN.findall(self.ctx.source), *_STATE_ASSIGN.findall(self.ctx.source)})
-        state = _has_state_dict(obj) or (
+        # A container written in the call (`{"images": t, "labels": u}`, `[a, b]`): xm.save
+        # moves the XLA tensors of nested dicts, lists and tuples to the CPU, the rest as is.
+        state = _has_state_dict(obj) or _is_container(obj) or (
             isinstance(obj, (cst.Name, cst.Attribute))
             and (terminal_name(obj) in dict_names or any(w in name for w in STATE_WORDS))
         )
