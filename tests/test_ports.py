@@ -102,7 +102,10 @@ def test_no_fallback_and_one_barrier_per_step_like_the_hand_port(name, runs):
     # an empty graph when the step was already cut: no execution, as checked above).
     source = (FIXTURES / name / "cuda.py").read_text()
     findings = migrate_source(source, "cuda.py", MigrateOptions(select_rules([], []))).findings
+    # Likewise a CUDA event's `record()` (TPU115: a host timer that cuts the graph first).
     syncs = sum(1 for f in findings if f.applied and "synchronize()" in f.message)
+    records = source.count(".record()") if any(f.code == "TPU115" and f.applied for f in findings) else 0
     loops = max(1, source.count("synchronize()"))
     extra = migrated["mark_steps"] - reference["mark_steps"]
-    assert 0 <= extra <= (10 * loops if syncs else 0), (migrated["mark_steps"], reference["mark_steps"])
+    allowed = (10 * loops if syncs else 0) + 10 * records
+    assert 0 <= extra <= allowed, (migrated["mark_steps"], reference["mark_steps"])
