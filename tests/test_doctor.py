@@ -299,14 +299,72 @@ def test_without_torchtpu_the_code_scan_keeps_the_project_target(site, tmp_path,
 # -- the command ------------------------------------------------------------------------------
 def test_doctor_on_this_machine_passes_on_xla_cpu(tmp_path, run_cli):
     pytest.importorskip("torch_xla")
-    (tmp_path / "train.py").write_text("import torch\nx = torch.zeros(1).cuda()\n")
+    # Hazards only (a host read per step, a cuDNN flag that does nothing): warnings, so PASS.
+    (tmp_path / "train.py").write_text(HAZARD_ONLY)
     proc = run_cli("doctor", "--format", "json", ".", cwd=tmp_path, env={"PJRT_DEVICE": "CPU"})
     report = json.loads(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     checks = {c["name"]: c for c in report["summary"]["checks"]}
     assert checks["smoke test"]["status"] == "ok" and "matmul on xla:0" in checks["smoke test"]["detail"]
     assert checks["device"]["detail"].startswith("PJRT_DEVICE=CPU -> CPU")
-    assert [f["code"] for f in report["findings"] if f["path"]] == ["TPU102"]
+    assert [f["code"] for f in report["findings"] if f["path"]] == ["TPU120", "TPU501"]
+
+
+HAZARD_ONLY = """import torch
+import torch_xla
+from torch.utils.data import DataLoader
+torch.backends.cudnn.benchmark = True
+device = torch_xla.device()
+model = Net().to(device)
+for x, y in loader():
+    loss = model(x.to(device), y.to(device))
+    loss.backward()
+    optimizer.step()
+    torch_xla.sync()
+    print(loss.item())
+"""
+# Fifteen CUDA idioms `tpukit migrate` fixes, each of which crashes on a TPU VM or leaves the
+# work on the host: doctor passed this file before (exit 0) because every one was fixable.
+FIFTEEN = """import torch
+from torch.utils.data import DataLoader
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+torch.cuda.set_device(0)
+model = Net().cuda()
+crit = torch.nn.CrossEntropyLoss().cuda()
+opt = torch.optim.AdamW(model.parameters(), fused=True)
+start = torch.cuda.Event(enable_timing=True)
+Tensor = torch.cuda.FloatTensor
+for x, y in batches():
+    x, y = x.cuda(non_blocking=True), y.cuda()
+    if x.is_cuda:
+        start.record()
+    loss = crit(model(x), y)
+    loss.backward()
+    opt.step()
+    torch.cuda.synchronize()
+state = torch.load("ckpt.pt", map_location="cuda")
+with torch.inference_mode():
+    model(torch.randn(2, 8).cuda())
+print(torch.cuda.get_device_name(0), torch.cuda.device_count())
+"""
+
+
+def test_doctor_fails_on_idioms_that_crash_or_change_the_device(tmp_path, run_cli):
+    (tmp_path / "train.py").write_text(FIFTEEN)
+    proc = run_cli("doctor", "--no-smoke", "--format", "json", ".", cwd=tmp_path,
+                   env={"PJRT_DEVICE": "CPU"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["summary"]["verdict"] == "fail"
+    errors = [f for f in report["findings"] if f["path"] and f["severity"] == "error"]
+    assert len(errors) >= 15 and {f["code"] for f in errors} >= {
+        "TPU101", "TPU102", "TPU103", "TPU110", "TPU111", "TPU112", "TPU115", "TPU121",
+        "TPU122", "TPU204", "TPU305"}
+    # The hazards alone do not fail CI, unless --strict.
+    (tmp_path / "train.py").write_text(HAZARD_ONLY)
+    run_cli("doctor", "--no-smoke", ".", cwd=tmp_path, env={"PJRT_DEVICE": "CPU"}, check_rc=0)
+    run_cli("doctor", "--no-smoke", "--strict", ".", cwd=tmp_path, env={"PJRT_DEVICE": "CPU"},
+            check_rc=1)
 
 
 def test_doctor_exit_codes(tmp_path, run_cli):
@@ -315,6 +373,8 @@ def test_doctor_exit_codes(tmp_path, run_cli):
     assert text.returncode == 1  # TPU901: a CUDA-only library is an error
     assert "train.py:1:1: TPU901" in text.stdout and "doctor: FAIL" in text.stdout
     (tmp_path / "train.py").write_text("import torch\nx = torch.zeros(1).cuda()\n")
+    run_cli("doctor", "--no-smoke", ".", cwd=tmp_path, env={"PJRT_DEVICE": "CPU"}, check_rc=1)
+    (tmp_path / "train.py").write_text(HAZARD_ONLY)
     run_cli("doctor", "--no-smoke", ".", cwd=tmp_path, env={"PJRT_DEVICE": "CPU"}, check_rc=0)
     run_cli("doctor", "--no-smoke", "--strict", ".", cwd=tmp_path, env={"PJRT_DEVICE": "CPU"}, check_rc=1)
     run_cli("doctor", "--no-smoke", "--require-tpu", "--no-code", cwd=tmp_path,
