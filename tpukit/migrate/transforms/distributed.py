@@ -203,8 +203,17 @@ class ProcessGroup(Transform):
         default = find_keyword(updated, "default")
         if flag is None or default is None:
             return None
-        return self._nccl_setting(original, updated, flag, default.value, lambda v: updated.with_changes(
-            args=[a.with_changes(value=v) if a is default else a for a in updated.args]))
+        choices = find_keyword(updated, "choices")
+
+        def rebuild(value):
+            # `choices=["nccl", "gloo"]` would refuse the new default given on the command line
+            swapped = (choices.value.visit(_NcclLiterals(self.mapping.get("backend", "xla")))
+                       if choices is not None else None)
+            return updated.with_changes(args=[
+                a.with_changes(value=value) if a is default
+                else a.with_changes(value=swapped) if a is choices else a for a in updated.args])
+
+        return self._nccl_setting(original, updated, flag, default.value, rebuild)
 
     def visit_Assign(self, node: cst.Assign):
         """`os.environ["MASTER_PORT"] = "12355"`: set-up only the CUDA process group needed."""
