@@ -263,9 +263,17 @@ class DistributedDataParallelArgs(Transform):
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if self.ctx.qualify(original.func) not in DDP_NAMES or not original.args:
             return None
-        second = updated.args[1] if len(updated.args) > 1 else None
-        dropped = [a for a in updated.args[1:] if (a is second and a.keyword is None and not a.star)
+        # DDP(module, device_ids, output_device, dim, ...): the second and third positional
+        plain = plain_positional(updated)
+        second = plain[1] if len(plain) > 1 else None
+        dropped = [a for a in updated.args[1:] if any(a is p for p in plain[1:3])
                    or (a.keyword and a.keyword.value in ("device_ids", "output_device"))]
+        if len(plain) > 3:  # `dim` and later ones cannot stay positional without those two
+            self.ctx.report(self.rule, original, self.say(
+                "ddp_positional", "`{code}`: an XLA process has one device: drop device_ids "
+                "and output_device, passing the arguments after them by keyword",
+                code=self.ctx.short(original)), applied=False, fix=FixKind.NONE)
+            return None
         # A splat may hold device_ids, or gradient_as_bucket_view itself: kept as it is.
         splat = next((a for a in updated.args if a.star), None)
         bucket_view = self.mapping.get("bucket_view", False) and splat is None
@@ -695,6 +703,8 @@ class ZeroOptimizer(Transform):
                     "after backward", None, set())
         drop = {i for i, a in enumerate(call.args)
                 if a is not roles.get("params") and any(a is v for v in roles.values())}
+        # `fused=` goes as TPU204 drops it from any optimizer: CUDA's kernel (it raises on XLA)
+        drop |= {i for i, a in enumerate(call.args) if a.keyword and a.keyword.value == "fused"}
         return "", cls, drop
 
     def _message(self, call: cst.Call, new: str) -> str:
