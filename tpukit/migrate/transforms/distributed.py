@@ -174,7 +174,12 @@ class ProcessGroup(Transform):
                            "on TPU the backend is \"{backend}\" (init_process_group reads "
                            "this setting)", code=self.ctx.short(original), backend=backend,
                            where=where)
-        return self.fix_or_report(original, message, lambda: rebuild(new))
+        def build():
+            # the backend's name works once its module is imported (registers "xla"/"tpu_dist")
+            self.ctx.need_import(self.ctx.device_module)
+            return rebuild(new)
+
+        return self.fix_or_report(original, message, build)
 
     def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString):
         """`backend = "nccl"`, `backend = "nccl" if ... else "gloo"`: the literal itself, so
