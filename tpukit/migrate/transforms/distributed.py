@@ -158,8 +158,8 @@ class ProcessGroup(Transform):
                                        for a in node.args])
 
     # -- a NCCL backend kept in a setting: `backend = "nccl"`, `--backend` defaults ----------
-    def _nccl_setting(self, original, updated, name: str, value: cst.BaseExpression,
-                      rebuild, where: str = ""):
+    def _nccl_setting(self, original, name: str, value: cst.BaseExpression, rebuild,
+                      where: str = ""):
         """`name` holds a process-group backend (its name says so) and `value` writes "nccl":
         the setting becomes the TPU's backend, wherever init_process_group reads it (here, or
         in the script that imports this module or parses this argument)."""
@@ -174,6 +174,7 @@ class ProcessGroup(Transform):
                            "on TPU the backend is \"{backend}\" (init_process_group reads "
                            "this setting)", code=self.ctx.short(original), backend=backend,
                            where=where)
+
         def build():
             # the backend's name works once its module is imported (registers "xla"/"tpu_dist")
             self.ctx.need_import(self.ctx.device_module)
@@ -188,13 +189,13 @@ class ProcessGroup(Transform):
         name = next((t for t in targets if "backend" in t.lower()), None)
         if name is None:
             return None
-        return self._nccl_setting(original, updated, name, updated, lambda v: v,
+        return self._nccl_setting(original, name, updated, lambda v: v,
                                   f" set in `{name}`")
 
     def leave_AnnAssign(self, original: cst.AnnAssign, updated: cst.AnnAssign):
         if updated.value is None:
             return None
-        return self._nccl_setting(original, updated, terminal_name(original.target),
+        return self._nccl_setting(original, terminal_name(original.target),
                                   updated.value, lambda v: updated.with_changes(value=v))
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
@@ -218,7 +219,7 @@ class ProcessGroup(Transform):
                 a.with_changes(value=value) if a is default
                 else a.with_changes(value=swapped) if a is choices else a for a in updated.args])
 
-        return self._nccl_setting(original, updated, flag, default.value, rebuild)
+        return self._nccl_setting(original, flag, default.value, rebuild)
 
     def visit_Assign(self, node: cst.Assign):
         """`os.environ["MASTER_PORT"] = "12355"`: set-up only the CUDA process group needed."""
