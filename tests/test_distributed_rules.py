@@ -50,6 +50,16 @@ def test_a_model_used_where_the_file_cannot_follow_gets_its_inputs_moved():
     assert wrapped("m = DDP(model, device_ids=[rank])\nx = b.to(dev)\nm(**x)\n")  # a splat
 
 
+def test_a_splat_in_the_ddp_call_keeps_it_unwrapped_and_says_to_move_the_inputs():
+    source = HEAD + "m = DDP(model, device_ids=[rank], **kw)\nm(torch.randn(2))\n"
+    options = MigrateOptions(rules=select_rules([], []))
+    migration = migrate_source(source, "train.py", options)
+    assert "m = DDP(model, **kw)\n" in migration.new_source
+    assert "_inputs_to_device" not in migration.new_source
+    assert any(f.code == "TPU402" and not f.applied and "move the model's inputs" in f.message
+               for f in migration.findings)
+
+
 def test_a_parameter_is_proven_through_every_caller():
     method = (
         "class T:\n"

@@ -27,6 +27,7 @@ from tpukit.migrate.context import (
 )
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
 from tpukit.migrate.transforms.ddp_inputs import ForwardInputs
+from tpukit.migrate.transforms.devices import AVAILABILITY
 
 INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
 DDP_NAMES = {"torch.nn.parallel.DistributedDataParallel",
@@ -134,6 +135,7 @@ class ProcessGroup(Transform):
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self.backend_only: dict[cst.Call, tuple[str, int | None]] = {}
+        self.cuda_tests: list[bool] = []  # the enclosing if/else tests: CUDA availability?
 
     def _leave_group(self, original: cst.Call, updated: cst.Call):
         planned = self.backend_only.pop(original, None)
@@ -182,9 +184,30 @@ class ProcessGroup(Transform):
 
         return self.fix_or_report(original, message, build)
 
+    # A setting under a CUDA availability test (`if torch.cuda.is_available(): backend =
+    # "nccl"`, accelerate's MULTI_GPU set-up) is CUDA-only code: the test is False on a TPU and
+    # stays as written (guards.py), so the setting stays too.
+    # (TPU101's IfExp hook, which may replace a whole `"cuda" if ... else "cpu"`, runs before
+    # these, so a node it replaces is never pushed here without its pop.)
+    def _enter_test(self, test: cst.BaseExpression) -> None:
+        self.cuda_tests.append(_tests_cuda(self.ctx, test))
+
+    def visit_If(self, node: cst.If):
+        self._enter_test(node.test)
+
+    def leave_If(self, original: cst.If, updated: cst.If):
+        self.cuda_tests.pop()
+
+    def visit_IfExp(self, node: cst.IfExp):
+        self._enter_test(node.test)
+
+    def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp):
+        self.cuda_tests.pop()
+
     def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString):
-        """`backend = "nccl"`, `backend = "nccl" if ... else "gloo"`: the literal itself, so
-        that an availability test around it sees its branch ported (guards.py)."""
+        """`backend = "nccl"`: the literal itself (the setting's other parts stay as written)."""
+        if any(self.cuda_tests):
+            return None
         targets = self.ctx.assign_targets[-1] if self.ctx.assign_targets else ()
         name = next((t for t in targets if "backend" in t.lower()), None)
         if name is None:
@@ -248,6 +271,22 @@ class ProcessGroup(Transform):
                                       "MASTER_ADDR/MASTER_PORT"))
 
 
+class _AvailabilityCalls(cst.CSTVisitor):
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.found = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.found = self.found or self.ctx.qualify(node.func) in AVAILABILITY
+
+
+def _tests_cuda(ctx, test: cst.BaseExpression) -> bool:
+    """Does this if-test ask whether CUDA (or an accelerator) is there?"""
+    calls = _AvailabilityCalls(ctx)
+    test.visit(calls)
+    return calls.found
+
+
 class _NcclLiterals(cst.CSTTransformer):
     """Every string literal naming NCCL ("nccl", "cuda:nccl,cpu:gloo") -> `backend`, in the
     literal's own quotes."""
@@ -296,6 +335,17 @@ class DistributedDataParallelArgs(Transform):
         moves = (any(a is second or (a.keyword and a.keyword.value == "device_ids")
                      for a in dropped)
                  and not self._inputs_on_device(original))
+
+        if moves and splat is not None:
+            # The splat must stay an argument of the DDP call itself (engine's splat check):
+            # the inputs' move is left for a person, said at the line.
+            moves = False
+            self.ctx.report(self.rule, original, self.say(
+                "inputs_splat", "`{code}`: DDP moved the forward's inputs to `device_ids[0]` "
+                "and without them nothing does: move the model's inputs to the device where "
+                "it is called (`.to(device)`), or wrap it: `{helper}`'s forward pre-hook "
+                "(see `tpukit rules TPU402`)", code=self.ctx.short(original),
+                helper=INPUTS_HELPER), applied=False, fix=FixKind.NONE)
 
         def build():
             args = [a for a in updated.args if a not in dropped]
