@@ -67,8 +67,9 @@ def runs(tmp_path_factory):
     return get
 
 
-def test_there_are_the_four_distributed_fixtures():
-    assert NAMES == ["ddp_spawn", "ddp_torchrun", "ddp_trainer_class", "mp_no_ddp"]
+def test_there_are_the_distributed_fixtures():
+    assert NAMES == ["backend_settings", "ddp_host_inputs", "ddp_spawn", "ddp_torchrun",
+                     "ddp_trainer_class", "mp_no_ddp", "zero_optimizer"]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -75,6 +75,9 @@ def migrate(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print only the summary."),
     show_fixes: bool = typer.Option(False, "--show-fixes", help="Also list the fixes applied."),
     exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even with findings."),
+    follow_imports: bool = typer.Option(
+        True, "--follow-imports/--no-follow-imports",
+        help="Also migrate the local modules a named script imports (from its own folder)."),
 ) -> None:
     """Rewrite CUDA code for TPU in place (or --diff, --check, -o DIR)."""
     from tpukit.migrate.command import MigrateRequest, UsageError, run_migrate
@@ -103,7 +106,7 @@ def migrate(
     request = MigrateRequest(
         paths=list(paths), config=config, mode=mode, out_dir=out, fmt=fmt, jobs=jobs,
         quiet=quiet, exit_zero=exit_zero, show_fixes=show_fixes,
-        select=_codes(select), ignore=_codes(ignore),
+        select=_codes(select), ignore=_codes(ignore), follow_imports=follow_imports,
     )
     try:
         code = run_migrate(request)

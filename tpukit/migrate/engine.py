@@ -34,13 +34,16 @@ from tpukit.migrate.transforms.devices import is_device_value
 from tpukit.rules import Rule
 
 COMMENT_PREFIX = "# tpukit: "
-# Imports whose names a rewrite can leave unused (torch.cuda.*, cuDNN flags, accelerator API).
+# Imports whose names a rewrite can leave unused (torch.cuda.*, cuDNN flags, accelerator API,
+# ZeroRedundancyOptimizer).
 _ORPHANABLE = (
     "torch.cuda",
     "torch.backends.cudnn",
     "torch.backends.cuda",
     "torch.accelerator",
     "torch.amp",
+    "torch.distributed.optim.ZeroRedundancyOptimizer",  # rewritten to the plain optimizer
+    "torch.distributed.optim.zero_redundancy_optimizer",
 )
 
 

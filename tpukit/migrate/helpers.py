@@ -113,11 +113,35 @@ class _TpuTensorType:
         (values,) = data
         return torch.as_tensor(values, dtype=self.dtype).to(self.device)
 ''',
+    "_inputs_to_device": '''
+def _inputs_to_device(module):
+    """DistributedDataParallel(device_ids=[i]) moved its forward's tensor inputs to device i;
+    without device_ids (one device per process) nothing does: move them to the device of the
+    model's parameters, as DDP did (inserted by tpukit)."""
+
+    def move(value, device):
+        if isinstance(value, torch.Tensor):
+            return value.to(device)
+        if isinstance(value, (list, tuple)):
+            moved = [move(v, device) for v in value]
+            return type(value)(*moved) if hasattr(value, "_fields") else type(value)(moved)
+        if isinstance(value, dict):
+            return type(value)((k, move(v, device)) for k, v in value.items())
+        return value
+
+    def hook(_, args, kwargs):
+        device = next(module.parameters()).device
+        return move(args, device), move(kwargs, device)
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
+    return module
+''',
 }
 IMPORTS_OF: dict[str, tuple[str, ...]] = {"_xla_memory_stat": ("xm", "torch_xla"),
                                           "_XlaTensorType": ("torch", "torch_xla"),
                                           "_TpuTensorType": ("torch", "torch_tpu"),
                                           "_XlaTimingEvent": ("xm", "torch_xla"),
+                                          "_inputs_to_device": ("torch",),
                                           "_xla_launch_process_count": ("xr",),
                                           "_tpu_launch_process_count": ()}
 

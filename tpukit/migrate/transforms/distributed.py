@@ -26,6 +26,8 @@ from tpukit.migrate.context import (
     with_string,
 )
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
+from tpukit.migrate.transforms.ddp_inputs import ForwardInputs
+from tpukit.migrate.transforms.devices import AVAILABILITY
 
 INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
 DDP_NAMES = {"torch.nn.parallel.DistributedDataParallel",
@@ -36,10 +38,13 @@ SPAWN_NAMES = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn
 SAMPLER_NAMES = {"torch.utils.data.distributed.DistributedSampler",
                  "torch.utils.data.DistributedSampler"}
 RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT")
+INPUTS_HELPER = "_inputs_to_device"  # helpers.py: moves a DDP model's forward inputs
 # Names that hold a process's rank (used as a CUDA device index) in DDP code.
 RANK_NAMES = {"rank", "local_rank", "global_rank", "gpu_id", "gpu", "device_id", "local_gpu"}
 WORLD_NAMES = {"world_size", "world", "nprocs", "ngpus", "n_gpus", "num_gpus", "ngpus_per_node"}
 _GROUP_SPLAT = re.compile(r"init_process_group\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\*")
+_NCCL_BACKEND = re.compile(r"^(?:nccl|cuda:nccl(?:,cpu:gloo)?|cpu:gloo,cuda:nccl)$")
+DEFAULT_BACKEND = "torch.distributed.get_default_backend_for_device"
 _CUDA_OR_CPU_BACKEND = re.compile(r"\b(?:nccl|gloo)\b")  # "nccl", "cuda:nccl,cpu:gloo"
 DEVICE_INDEX_KEYWORDS = ("device", "device_id", "output_device")
 COMPILE_MODES_WITHOUT_MEANING = {"reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}
@@ -85,7 +90,16 @@ def rank_names(ctx) -> set[str]:
 @transform("TPU401")
 class ProcessGroup(Transform):
     def visit_Call(self, node: cst.Call):
-        if self.ctx.qualify(node.func) != INIT_PROCESS_GROUP:
+        name = self.ctx.qualify(node.func)
+        if name == DEFAULT_BACKEND and self.mapping:
+            backend = self.mapping.get("backend", "xla")
+            return self.fix_or_report(
+                node, self.say("default_backend", "`{code}` -> `\"{backend}\"`: torch has no "
+                               "default process-group backend for the {device} device; the "
+                               "TPU's is \"{backend}\"", code=self.ctx.short(node),
+                               backend=backend, device=self.ctx.device_type),
+                lambda: self.ctx.expr(f'"{backend}"'))
+        if name != INIT_PROCESS_GROUP:
             return None
         plain = plain_positional(node)
         backend = plain[0] if plain and node.args[0] is plain[0] else find_keyword(node, "backend")
@@ -121,8 +135,9 @@ class ProcessGroup(Transform):
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self.backend_only: dict[cst.Call, tuple[str, int | None]] = {}
+        self.cuda_tests: list[bool] = []  # the enclosing if/else tests: CUDA availability?
 
-    def leave_Call(self, original: cst.Call, updated: cst.Call):
+    def _leave_group(self, original: cst.Call, updated: cst.Call):
         planned = self.backend_only.pop(original, None)
         if planned is None:
             return None
@@ -143,6 +158,91 @@ class ProcessGroup(Transform):
             return node.with_changes(args=with_commas([keyword_arg("backend", value), *node.args]))
         return node.with_changes(args=[a.with_changes(value=value) if a is backend else a
                                        for a in node.args])
+
+    # -- a NCCL backend kept in a setting: `backend = "nccl"`, `--backend` defaults ----------
+    def _nccl_setting(self, original, name: str, value: cst.BaseExpression, rebuild,
+                      where: str = ""):
+        """`name` holds a process-group backend (its name says so) and `value` writes "nccl":
+        the setting becomes the TPU's backend, wherever init_process_group reads it (here, or
+        in the script that imports this module or parses this argument)."""
+        if "backend" not in name.lower() or not self.mapping or "nccl" not in self.ctx.code(value):
+            return None
+        backend = self.mapping.get("backend", "xla")
+        swap = _NcclLiterals(backend)
+        new = value.visit(swap)
+        if not swap.changed:
+            return None
+        message = self.say("setting", "`{code}`{where}: NCCL is CUDA's process-group backend; "
+                           "on TPU the backend is \"{backend}\" (init_process_group reads "
+                           "this setting)", code=self.ctx.short(original), backend=backend,
+                           where=where)
+
+        def build():
+            # the backend's name works once its module is imported (registers "xla"/"tpu_dist")
+            self.ctx.need_import(self.ctx.device_module)
+            return rebuild(new)
+
+        return self.fix_or_report(original, message, build)
+
+    # A setting under a CUDA availability test (`if torch.cuda.is_available(): backend =
+    # "nccl"`, accelerate's MULTI_GPU set-up) is CUDA-only code: the test is False on a TPU and
+    # stays as written (guards.py), so the setting stays too.
+    # (TPU101's IfExp hook, which may replace a whole `"cuda" if ... else "cpu"`, runs before
+    # these, so a node it replaces is never pushed here without its pop.)
+    def _enter_test(self, test: cst.BaseExpression) -> None:
+        self.cuda_tests.append(_tests_cuda(self.ctx, test))
+
+    def visit_If(self, node: cst.If):
+        self._enter_test(node.test)
+
+    def leave_If(self, original: cst.If, updated: cst.If):
+        self.cuda_tests.pop()
+
+    def visit_IfExp(self, node: cst.IfExp):
+        self._enter_test(node.test)
+
+    def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp):
+        self.cuda_tests.pop()
+
+    def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString):
+        """`backend = "nccl"`: the literal itself (the setting's other parts stay as written)."""
+        if any(self.cuda_tests):
+            return None
+        targets = self.ctx.assign_targets[-1] if self.ctx.assign_targets else ()
+        name = next((t for t in targets if "backend" in t.lower()), None)
+        if name is None:
+            return None
+        return self._nccl_setting(original, name, updated, lambda v: v,
+                                  f" set in `{name}`")
+
+    def leave_AnnAssign(self, original: cst.AnnAssign, updated: cst.AnnAssign):
+        if updated.value is None:
+            return None
+        return self._nccl_setting(original, terminal_name(original.target),
+                                  updated.value, lambda v: updated.with_changes(value=v))
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        planned = self._leave_group(original, updated)
+        if planned is not None or not (isinstance(original.func, cst.Attribute)
+                                       and original.func.attr.value == "add_argument"):
+            return planned
+        # parser.add_argument("--backend", default="nccl"): the option's default
+        flag = next((string_value(a.value) for a in original.args if a.keyword is None
+                     and (string_value(a.value) or "").startswith("--")), None)
+        default = find_keyword(updated, "default")
+        if flag is None or default is None:
+            return None
+        choices = find_keyword(updated, "choices")
+
+        def rebuild(value):
+            # `choices=["nccl", "gloo"]` would refuse the new default given on the command line
+            swapped = (choices.value.visit(_NcclLiterals(self.mapping.get("backend", "xla")))
+                       if choices is not None else None)
+            return updated.with_changes(args=[
+                a.with_changes(value=value) if a is default
+                else a.with_changes(value=swapped) if a is choices else a for a in updated.args])
+
+        return self._nccl_setting(original, flag, default.value, rebuild)
 
     def visit_Assign(self, node: cst.Assign):
         """`os.environ["MASTER_PORT"] = "12355"`: set-up only the CUDA process group needed."""
@@ -171,14 +271,54 @@ class ProcessGroup(Transform):
                                       "MASTER_ADDR/MASTER_PORT"))
 
 
+class _AvailabilityCalls(cst.CSTVisitor):
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.found = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.found = self.found or self.ctx.qualify(node.func) in AVAILABILITY
+
+
+def _tests_cuda(ctx, test: cst.BaseExpression) -> bool:
+    """Does this if-test ask whether CUDA (or an accelerator) is there?"""
+    calls = _AvailabilityCalls(ctx)
+    test.visit(calls)
+    return calls.found
+
+
+class _NcclLiterals(cst.CSTTransformer):
+    """Every string literal naming NCCL ("nccl", "cuda:nccl,cpu:gloo") -> `backend`, in the
+    literal's own quotes."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.changed = False
+
+    def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString):
+        value = string_value(original)
+        if value is None or not _NCCL_BACKEND.search(value):
+            return updated
+        self.changed = True
+        return with_string(updated, self.backend)
+
+
 @transform("TPU402")
 class DistributedDataParallelArgs(Transform):
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if self.ctx.qualify(original.func) not in DDP_NAMES or not original.args:
             return None
-        second = updated.args[1] if len(updated.args) > 1 else None
-        dropped = [a for a in updated.args[1:] if (a is second and a.keyword is None and not a.star)
+        # DDP(module, device_ids, output_device, dim, ...): the second and third positional
+        plain = plain_positional(updated)
+        second = plain[1] if len(plain) > 1 else None
+        dropped = [a for a in updated.args[1:] if any(a is p for p in plain[1:3])
                    or (a.keyword and a.keyword.value in ("device_ids", "output_device"))]
+        if len(plain) > 3:  # `dim` and later ones cannot stay positional without those two
+            self.ctx.report(self.rule, original, self.say(
+                "ddp_positional", "`{code}`: an XLA process has one device: drop device_ids "
+                "and output_device, passing the arguments after them by keyword",
+                code=self.ctx.short(original)), applied=False, fix=FixKind.NONE)
+            return None
         # A splat may hold device_ids, or gradient_as_bucket_view itself: kept as it is.
         splat = next((a for a in updated.args if a.star), None)
         bucket_view = self.mapping.get("bucket_view", False) and splat is None
@@ -191,17 +331,60 @@ class DistributedDataParallelArgs(Transform):
             return None
         if not dropped and (bucket is not None or not bucket_view):
             return None
+        # DDP copied the forward's inputs to device_ids[0]; without device_ids nothing does.
+        moves = (any(a is second or (a.keyword and a.keyword.value == "device_ids")
+                     for a in dropped)
+                 and not self._inputs_on_device(original))
+
+        if moves and splat is not None:
+            # The splat must stay an argument of the DDP call itself (engine's splat check):
+            # the inputs' move is left for a person, said at the line.
+            moves = False
+            self.ctx.report(self.rule, original, self.say(
+                "inputs_splat", "`{code}`: DDP moved the forward's inputs to `device_ids[0]` "
+                "and without them nothing does: move the model's inputs to the device where "
+                "it is called (`.to(device)`), or wrap it: `{helper}`'s forward pre-hook "
+                "(see `tpukit rules TPU402`)", code=self.ctx.short(original),
+                helper=INPUTS_HELPER), applied=False, fix=FixKind.NONE)
 
         def build():
             args = [a for a in updated.args if a not in dropped]
             if bucket is None and bucket_view:
                 args.append(_arg("gradient_as_bucket_view", "True", self.ctx))
-            return updated.with_changes(args=with_commas(args))
+            call = updated.with_changes(args=with_commas(args))
+            if not moves:
+                return call
+            self.ctx.helpers_needed.add(INPUTS_HELPER)
+            self.ctx.need_import("torch")
+            return cst.Call(cst.Name(INPUTS_HELPER), [cst.Arg(call)])
 
-        return self.fix_or_report(
-            original, self.say("ddp", "`{code}`: an XLA process has one device, so there are "
-                               "no device_ids; `gradient_as_bucket_view=True` saves a copy of every "
-                               "gradient", code=self.ctx.short(original)), build)
+        message = self.say("ddp", "`{code}`: an XLA process has one device, so there are "
+                           "no device_ids; `gradient_as_bucket_view=True` saves a copy of every "
+                           "gradient", code=self.ctx.short(original))
+        if moves:
+            message += self.say(
+                "inputs", "; DDP moved the forward's inputs to `device_ids[0]` and without "
+                "them nothing does, so `{helper}(...)` moves them to the model's device (some "
+                "call of the model passes inputs tpukit cannot prove are on the device)",
+                helper=INPUTS_HELPER)
+        return self.fix_or_report(original, message, build)
+
+    def visit_Assign(self, node: cst.Assign):
+        if isinstance(node.value, cst.Call) and self.ctx.qualify(node.value.func) in DDP_NAMES:
+            self.targets[id(node.value)] = [self.ctx.code(t.target) for t in node.targets]
+        return None
+
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.targets: dict[int, list[str]] = {}  # id(DDP call) -> what it is assigned to
+
+    def _inputs_on_device(self, call: cst.Call) -> bool:
+        """Does every call of the model this DDP is assigned to pass inputs on the device?"""
+        targets = self.targets.get(id(call))
+        if not targets:
+            return False  # `return DDP(...)`, `train(DDP(...))`: used where we cannot follow
+        inputs = self.ctx.memo("forward_inputs", lambda: ForwardInputs(self.ctx.module))
+        return all(inputs.on_device(t) for t in targets)
 
 
 @transform("TPU403")
@@ -532,3 +715,112 @@ class NcclEnv(Transform):
                 "collectives run over the TPU interconnect; tune them with LIBTPU_INIT_ARGS / "
                 "XLA_FLAGS if you must)", key=key), applied=False)
         return None
+
+
+ZERO = "torch.distributed.optim.ZeroRedundancyOptimizer"
+ZERO_NAMES = {ZERO, "torch.distributed.optim.zero_redundancy_optimizer.ZeroRedundancyOptimizer"}
+# ZeroRedundancyOptimizer(params, optimizer_class, process_group, parameters_as_bucket_view,
+# overlap_with_ddp, **defaults): the arguments that are ZeRO's own; `**defaults` go to the
+# optimizer class.
+_ZERO_OWN = ("params", "optimizer_class", "process_group", "parameters_as_bucket_view",
+             "overlap_with_ddp")
+
+
+def _without(args: list[cst.Arg], dropped: set[int]) -> list[cst.Arg]:
+    """`args` less those at the `dropped` positions, each keeping its own comma (and the new
+    last one the old last one's, so a trailing comma or none stays as written)."""
+    kept = [a for i, a in enumerate(args) if i not in dropped]
+    if kept and args and kept[-1] is not args[-1]:
+        kept[-1] = kept[-1].with_changes(comma=args[-1].comma)
+    return kept
+
+
+@transform("TPU411")
+class ZeroOptimizer(Transform):
+    """ZeroRedundancyOptimizer under DDP -> the plain optimizer it wraps. DDP already averages
+    every gradient on every process, so stepping all parameters on each process gives the same
+    values as ZeRO's step of a shard followed by its broadcast."""
+
+    def _plan(self, call: cst.Call) -> tuple[str, cst.Arg | None, set[int]] | None:
+        """(why not, None, {}) when the call cannot be rewritten; else ("", optimizer_class
+        argument, positions of ZeRO's own arguments to drop)."""
+        plain = plain_positional(call)
+        roles = {_ZERO_OWN[i]: a for i, a in enumerate(plain[:len(_ZERO_OWN)])}
+        roles.update({a.keyword.value: a for a in call.args
+                      if a.keyword and a.keyword.value in _ZERO_OWN})
+        cls = roles.get("optimizer_class")
+        if cls is None:
+            return ("`optimizer_class` is in a splat tpukit cannot see", None, set())
+        overlap = roles.get("overlap_with_ddp")
+        if (overlap is not None and dotted(overlap.value) != "False"
+                and "hook_with_zero_step" in self.ctx.source):
+            return ("`overlap_with_ddp` steps it inside DDP's communication hook "
+                    "(`hook_with_zero_step`): remove that hook and step the plain optimizer "
+                    "after backward", None, set())
+        drop = {i for i, a in enumerate(call.args)
+                if a is not roles.get("params") and any(a is v for v in roles.values())}
+        # `fused=` goes as TPU204 drops it from any optimizer: CUDA's kernel (it raises on XLA)
+        drop |= {i for i, a in enumerate(call.args) if a.keyword and a.keyword.value == "fused"}
+        return "", cls, drop
+
+    def _message(self, call: cst.Call, new: str) -> str:
+        return self.say(
+            "zero", "`{code}` -> `{new}(...)`: the same optimizer without ZeRO's sharding steps "
+            "the same values (DDP averages every gradient on every process; ZeRO only splits "
+            "the state and broadcasts the updated parameters, which grew a GPT-2 124M port "
+            "past 24 GB); for the memory saving shard the optimizer state with SPMD (FSDPv2, "
+            "`SpmdFullyShardedDataParallel` in torch_xla.experimental)",
+            code=self.ctx.short(call), new=new)
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        if self.ctx.qualify(original.func) not in ZERO_NAMES:
+            return None
+        why, cls, drop = self._plan(original)
+        if cls is None:
+            self.ctx.report(self.rule, original, self._message(original, "a plain optimizer")
+                            + f"; not rewritten: {why}", applied=False, fix=FixKind.NONE)
+            return None
+        new = self.ctx.code(cls.value)
+        return self.fix_or_report(original, self._message(original, new), lambda: updated.with_changes(
+            func=updated.args[original.args.index(cls)].value,
+            args=_without(list(updated.args), drop)))
+
+    def _zero_targets(self) -> set[str]:
+        """What this file assigns a ZeroRedundancyOptimizer that is rewritten (`opt`,
+        `self.optimizer`): their `.consolidate_state_dict()` has nothing to gather."""
+        def compute() -> set[str]:
+            found = _Assignments(lambda v: isinstance(v, cst.Call)
+                                 and self.ctx.qualify(v.func) in ZERO_NAMES
+                                 and self._plan(v)[1] is not None)
+            self.ctx.module.visit(found)
+            return {self.ctx.code(t) for t in found.targets}
+        return self.ctx.memo("zero_targets", compute)
+
+    def visit_Expr(self, node: cst.Expr):
+        """`optimizer.consolidate_state_dict(to=0)`: a plain optimizer has no such method (an
+        AttributeError) and its state_dict() is whole on every process already."""
+        call = node.value
+        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+                and call.func.attr.value == "consolidate_state_dict"
+                and "ZeroRedundancyOptimizer" in self.ctx.source
+                and self.ctx.code(call.func.value) in self._zero_targets()):
+            return None
+        text = self.ctx.short(call)
+        return self.fix_or_report(
+            call, self.say("consolidate", "`{code}` is removed: the optimizer is a plain one "
+                           "now, whose `state_dict()` holds the whole state on every process",
+                           code=text),
+            lambda: StatementPlan([], f'removed "{text}": a plain optimizer\'s state_dict() is '
+                                      "whole already"))
+
+
+class _Assignments(cst.CSTVisitor):
+    """The targets of `target = value` statements whose value `wanted(value)`."""
+
+    def __init__(self, wanted) -> None:
+        self.wanted = wanted
+        self.targets: list[cst.BaseExpression] = []
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if self.wanted(node.value):
+            self.targets.extend(t.target for t in node.targets)

@@ -17,7 +17,7 @@ from tpukit.migrate.transforms.base import Transform, transform
 
 
 WRAPPERS = ("DistributedDataParallel", "DataParallel", "DDP", "FullyShardedDataParallel", "compile",
-            "deepcopy")
+            "deepcopy", "_inputs_to_device")  # the last: TPU402's helper around a DDP
 
 
 def _assigned_name(stmt: cst.CSTNode) -> tuple[str, cst.Assign] | None:

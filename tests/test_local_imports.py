@@ -1,0 +1,149 @@
+"""`tpukit migrate train.py` ports the local modules the script imports with it: a model.py,
+a config module, a logging helper beside it run in the ported process too (issue 14, class 5).
+Followed with `ast` from the script's folder, as `python train.py` would import them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpukit.migrate.local_imports import local_modules
+
+TRAIN = '''\
+import argparse
+
+import torch
+import torch.distributed as dist
+
+import logutil
+from model import Net
+from utils.config import backend
+from utils import schedule
+
+device_type = 'cuda'
+model = Net().cuda()
+optimizer = model.configure_optimizers(device_type)
+for step in range(3):
+    x = torch.randn(8, 4).cuda()
+    loss = model(x).square().mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    logutil.log(step, loss)
+print(f"final loss: {loss.item()}")
+print(f"backend: {backend}, lr: {schedule.LR}")
+'''
+MODEL = '''\
+import inspect
+
+import torch
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+        self.register_buffer("steps", torch.zeros(1).cuda())
+
+    def forward(self, x):
+        return self.fc(x)
+
+    def configure_optimizers(self, device_type):
+        # nanoGPT's model.py: fused AdamW where the caller says the device is CUDA
+        fused_available = "fused" in inspect.signature(torch.optim.AdamW).parameters
+        use_fused = fused_available and device_type == 'cuda'
+        extra_args = dict(fused=True) if use_fused else dict()
+        return torch.optim.AdamW(self.parameters(), lr=1e-2, **extra_args)
+'''
+LOGUTIL = '''\
+import torch
+
+
+def log(step, loss):
+    torch.cuda.synchronize()
+    print(f"step {step}: {loss.item():.4f}")
+'''
+CONFIG = "backend = 'nccl'  # read by init_process_group in the launcher\n"
+SCHEDULE = "from .config import backend\n\nLR = 1e-2\n"
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    files = {
+        "train.py": TRAIN, "model.py": MODEL, "logutil.py": LOGUTIL,
+        "utils/__init__.py": "", "utils/config.py": CONFIG, "utils/schedule.py": SCHEDULE,
+        "unrelated.py": "import torch\nx = torch.zeros(1).cuda()\n",
+        ".venv/lib/model2.py": "import torch\ny = torch.zeros(1).cuda()\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def test_the_modules_a_script_imports_are_found_without_running_it(tree):
+    found = {p.as_posix() for p in local_modules(tree / "train.py")}
+    assert found == {f"{tree}/{name}" for name in (
+        "logutil.py", "model.py", "utils/__init__.py", "utils/config.py", "utils/schedule.py")}
+
+
+def test_nothing_outside_the_scripts_folder_and_no_unparsable_module_is_followed(tmp_path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "train.py").write_text(
+        "import os, torch\nimport broken\nimport helper\nfrom missing import x\n")
+    (tmp_path / "app" / "broken.py").write_text("def (:\n")
+    (tmp_path / "helper.py").write_text("import torch\n")  # the parent folder: not sys.path[0]
+    assert [p.name for p in local_modules(tmp_path / "app" / "train.py")] == ["broken.py"]
+
+
+def test_migrating_a_script_ports_its_local_modules_and_says_so(tree, run_cli):
+    proc = run_cli("migrate", "train.py", cwd=tree, check_rc=0)
+    assert "With the local modules the named script imports: logutil.py, model.py" in proc.stdout
+    for name in ("train.py", "model.py", "logutil.py", "utils/config.py"):
+        text = (tree / name).read_text()
+        assert ".cuda(" not in text and "torch.cuda" not in text and "'nccl'" not in text, (
+            name, text)
+    # The caller's device type is 'xla' now, so the model's CUDA-only fused AdamW stays off.
+    assert "device_type = 'xla'" in (tree / "train.py").read_text()
+    assert "device_type == 'cuda'" in (tree / "model.py").read_text()
+    assert "xm.wait_device_ops()" in (tree / "logutil.py").read_text()
+    assert "backend = 'xla'" in (tree / "utils" / "config.py").read_text()
+    # What the script does not import is not touched.
+    assert ".cuda()" in (tree / "unrelated.py").read_text()
+    assert ".cuda()" in (tree / ".venv" / "lib" / "model2.py").read_text()
+
+
+def test_no_follow_imports_migrates_only_the_files_named(tree, run_cli):
+    proc = run_cli("migrate", "--no-follow-imports", "--format", "json", "train.py", cwd=tree,
+                   check_rc=0)
+    assert "local_modules" not in json.loads(proc.stdout)["summary"]
+    assert ".cuda()" in (tree / "model.py").read_text()
+    assert "torch.cuda.synchronize()" in (tree / "logutil.py").read_text()
+
+
+def test_out_dir_gets_the_modules_the_ported_script_imports(tree, run_cli):
+    proc = run_cli("migrate", "--format", "json", "-o", "ported", "train.py", cwd=tree,
+                   check_rc=0)
+    assert json.loads(proc.stdout)["summary"]["local_modules"] == [
+        "logutil.py", "model.py", "utils/__init__.py", "utils/config.py", "utils/schedule.py"]
+    assert sorted(p.relative_to(tree / "ported").as_posix()
+                  for p in (tree / "ported").rglob("*.py")) == [
+        "logutil.py", "model.py", "train.py", "utils/__init__.py", "utils/config.py",
+        "utils/schedule.py"]
+
+
+@pytest.mark.xla
+def test_the_ported_tree_runs_on_xla_cpu(tree, run_cli):
+    pytest.importorskip("torch_xla", reason="needs the xla extra: pip install -e '.[xla]'")
+    run_cli("migrate", "-o", "ported", "train.py", cwd=tree, check_rc=0)
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    proc = subprocess.run([sys.executable, "train.py"], cwd=tree / "ported", env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "final loss: " in proc.stdout and "backend: xla" in proc.stdout

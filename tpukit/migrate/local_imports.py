@@ -1,0 +1,87 @@
+"""The local modules a script imports: what `python train.py` would import from the script's
+own folder (its `sys.path[0]`), followed transitively.
+
+`tpukit migrate train.py` ports them with the script: a `model.py` beside it that decides fused
+AdamW on `device_type == 'cuda'`, a config module holding `backend = 'nccl'`, a logging helper
+allocating `torch.cuda.FloatTensor(1)`, all run in the ported process, so a port of the script
+alone would still crash or stay on CUDA. Only files under the script's folder are followed
+(never an installed package, a virtual environment or a hidden folder), with Python's `ast`
+(no import is executed and torch is never imported).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tpukit.config import real_path
+
+_SKIP = {".venv", "venv", "__pycache__", "node_modules", "site-packages", ".tox", ".git"}
+
+
+def _module_file(root: Path, dotted: str) -> list[Path]:
+    """`a.b.c` under `root`: the packages' `__init__.py` files and the module's own file,
+    as importing it runs them; [] when it is not a local module."""
+    parts = [p for p in dotted.split(".") if p]
+    if not parts:
+        return []
+    files = []
+    folder = root
+    for i, part in enumerate(parts):
+        if i == len(parts) - 1 and (folder / f"{part}.py").is_file():
+            files.append(folder / f"{part}.py")
+            break
+        if (folder / part / "__init__.py").is_file():
+            files.append(folder / part / "__init__.py")
+        elif not (folder / part).is_dir():  # not a module (a name `from pkg import` binds)
+            break
+        folder = folder / part  # a package, or a namespace package (nothing of its own runs)
+    return files
+
+
+def _imported(path: Path, tree: ast.Module, root: Path) -> list[Path]:
+    found: list[Path] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found += _module_file(root, alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the importing module's package
+                base = path.parent
+                for _ in range(node.level - 1):
+                    base = base.parent
+                prefix = node.module or ""
+            else:
+                base, prefix = root, node.module or ""
+            found += _module_file(base, prefix) if prefix else []
+            for alias in node.names:  # `from pkg import module`
+                if alias.name != "*":
+                    found += _module_file(base, f"{prefix}.{alias.name}" if prefix else alias.name)
+    return found
+
+
+def _skipped(path: Path, root: Path) -> bool:
+    parts = path.relative_to(root).parts[:-1]
+    return any(p.startswith(".") or p in _SKIP for p in parts)
+
+
+def local_modules(script: Path) -> list[Path]:
+    """The `.py` files under `script`'s folder that running it imports, in the order found
+    (the script itself excluded). A file that does not parse is not followed further."""
+    root = real_path(script).parent
+    seen = {real_path(script)}
+    queue, found = [real_path(script)], []
+    while queue:
+        current = queue.pop(0)
+        try:
+            tree = ast.parse(current.read_bytes(), filename=str(current))
+        except (SyntaxError, ValueError, OSError, RecursionError):
+            continue
+        for candidate in _imported(current, tree, root):
+            resolved = real_path(candidate)
+            if resolved in seen or root not in resolved.parents or _skipped(resolved, root):
+                continue
+            seen.add(resolved)
+            queue.append(resolved)
+            found.append(script.parent / resolved.relative_to(root))
+    return found
