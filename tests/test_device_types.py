@@ -40,6 +40,9 @@ def test_a_choice_compared_as_a_string_stays_a_string_and_so_does_its_comparison
     'use_amp = device in ("cuda", "mps")',
     'name = device + ":0"',
     'fast = "cuda" != device',
+    # a device *type* (a str): `torch.autocast(device_type=torch.device(...))` raises
+    "with torch.autocast(device_type=device, dtype=torch.bfloat16): pass",
+    "with torch.autocast(device): pass",
 ])
 def test_every_string_use_of_the_name_keeps_the_choice_a_string(use):
     result = out(f"import torch\ndevice = {CHOICE}\n{use}\n")
@@ -89,3 +92,10 @@ def test_a_string_kept_choice_is_a_fixed_point():
     once = out(f'import torch\ndevice = {CHOICE}\nif device == "cuda":\n    pass\n')
     assert 'device = "xla"' in once
     assert out(once) == once
+
+
+def test_a_startswith_check_on_a_device_string_tests_for_the_target():
+    result = out('import torch\ndevice = "cuda"\nkind = "cuda" if device.startswith("cuda") else "cpu"\n'
+                 'name = "x".startswith("cuda")\n')
+    assert 'kind = "xla" if device.startswith("xla") else "cpu"' in result
+    assert 'name = "x".startswith("cuda")' in result  # not a device

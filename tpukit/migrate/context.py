@@ -36,7 +36,8 @@ _LAUNCH_CALL = re.compile(r"\b(?:mp|multiprocessing|torch_xla)\.(?:spawn|launch)
 
 # A name the file uses as a string: compared with a literal (`device == "cuda"`, `device in
 # ("cuda", "mps")`), searched (`"cuda" in device`), a str method called on it, or concatenated
-# with a literal; `cfg["device"] == "cuda"` names its key. `str(device) == "cuda"` and
+# with a literal, or passed as a device type (`torch.autocast(device_type=device)`);
+# `cfg["device"] == "cuda"` names its key. `str(device) == "cuda"` and
 # `device.type == "cuda"` say nothing about `device` (`.type` names the attribute `type`).
 _STR = r"""[rRbBuUfF]{0,2}(?:'[^'\n]*'|"[^"\n]*")"""
 _NAME = r"((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*)"
@@ -49,6 +50,9 @@ _STRING_USES = [re.compile(pattern) for pattern in (
     rf"{_NAME}\.(?:startswith|endswith|split|rsplit|partition|lower|upper|strip|replace)\(",
     rf"{_NAME}\s*\+\s*{_STR}",
     rf"""\[\s*['"](\w+)['"]\s*\]\s*[!=]=\s*{_STR}""",
+    # torch.autocast and torch.amp.GradScaler take a device *type*, a str (not a torch.device)
+    rf"\bdevice_type\s*=\s*{_NAME}\s*[,)]",
+    rf"\b(?:autocast|GradScaler)\(\s*{_NAME}\s*[,)]",
 )]
 
 

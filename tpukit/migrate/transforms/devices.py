@@ -174,7 +174,7 @@ class CudaDevice(Transform):
     def visit_Return(self, node: cst.Return):
         # `def get_device(): return "cuda" if ... else "cpu"` read by `device = get_device()`
         function = self.ctx.functions[-1] if self.ctx.functions else None
-        if node.value is not None and isinstance(function, cst.FunctionDef):
+        if isinstance(node.value, cst.IfExp) and isinstance(function, cst.FunctionDef):
             callers = re.findall(rf"([\w.]+)\s*=\s*(?:self\.)?{function.name.value}\(",
                                  self.ctx.source)
             self._bind(node.value, [c.rpartition(".")[2] for c in callers])
@@ -422,6 +422,28 @@ class DeviceTypeComparison(Transform):
         if not changed:
             return None
         return updated.with_changes(left=new_left, comparisons=targets)
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        # `device.startswith("cuda")` (build-nanogpt's device_type): a comparison by method
+        func = original.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "startswith"
+                and len(original.args) == 1 and names_a_device(func.value)):
+            return None
+        literal = original.args[0].value
+        if string_value(literal) not in ("cuda", "cuda:"):
+            return None
+        if terminal_name(func.value) in attribute_names(self.ctx):
+            return None
+        replacement = self.fix_or_report(
+            literal,
+            self.say("comparison", "`{code}` tests for CUDA; on TPU the device type is 'xla'",
+                     code=self.ctx.short(original)),
+            lambda: self._xla(literal),
+        )
+        if replacement is None:
+            return None
+        self.ctx.add_guard(replacement, literal, shown=original)
+        return updated.with_changes(args=[updated.args[0].with_changes(value=replacement)])
 
     def _xla(self, literal):
         need_device_module(self.ctx)

@@ -52,6 +52,7 @@ class _DeviceData(cst.CSTVisitor):
         self._stack: list[cst.FunctionDef] = []
         self._moved_locals: list[set[str]] = []
         self._calls: list[cst.Call] = []
+        self._assigned_calls: list[tuple[str, object]] = []  # `x = f(...)`: (f, targets)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.functions[node.name.value] = node
@@ -63,6 +64,8 @@ class _DeviceData(cst.CSTVisitor):
         self._moved_locals.pop()
 
     def visit_Assign(self, node: cst.Assign) -> None:
+        if isinstance(node.value, cst.Call) and isinstance(node.value.func, cst.Name):
+            self._assigned_calls.append((node.value.func.value, node.targets))
         if _moves_to_device(self.ctx, node.value):
             for target in node.targets:
                 if isinstance(target.target, cst.Name):
@@ -83,7 +86,10 @@ class _DeviceData(cst.CSTVisitor):
 
     def resolve(self, module: cst.Module) -> None:
         module.visit(self)
-        module.visit(_BoundToCalls(self))
+        # `train_data = batchify(corpus.train, bsz)`: bound to what `batchify` returns
+        for function, targets in self._assigned_calls:
+            if function in self.returning:
+                self.names.update(t.target.value for t in targets if isinstance(t.target, cst.Name))
         for call in self._calls:
             function = self.functions.get(call.func.value) if isinstance(call.func, cst.Name) else None
             if function is None:
@@ -99,21 +105,6 @@ class _DeviceData(cst.CSTVisitor):
                 else:
                     name = params[i]
                 self.params.setdefault(id(function), set()).add(name)
-
-
-class _BoundToCalls(cst.CSTVisitor):
-    """`train_data = batchify(corpus.train, bsz)`: bound to what `batchify` returns."""
-
-    def __init__(self, data: _DeviceData) -> None:
-        self.data = data
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        call = node.value
-        if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) \
-                and call.func.value in self.data.returning:
-            for target in node.targets:
-                if isinstance(target.target, cst.Name):
-                    self.data.names.add(target.target.value)
 
 
 def device_data(ctx) -> _DeviceData | None:
