@@ -34,6 +34,27 @@ _CUDA_DEVICE = re.compile(r"^cuda(:\d+)?$")
 _TORCH_PREFIX = re.compile(r"(?<![\w.])torch\.")
 _LAUNCH_CALL = re.compile(r"\b(?:mp|multiprocessing|torch_xla)\.(?:spawn|launch)\(|\bspawn\(")
 
+# A name the file uses as a string: compared with a literal (`device == "cuda"`, `device in
+# ("cuda", "mps")`), searched (`"cuda" in device`), a str method called on it, or concatenated
+# with a literal, or passed as a device type (`torch.autocast(device_type=device)`);
+# `cfg["device"] == "cuda"` names its key. `str(device) == "cuda"` and
+# `device.type == "cuda"` say nothing about `device` (`.type` names the attribute `type`).
+_STR = r"""[rRbBuUfF]{0,2}(?:'[^'\n]*'|"[^"\n]*")"""
+_NAME = r"((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*)"
+_NOT_CALLED = r"\b(?!\s*[(.\[])"
+_STRING_USES = [re.compile(pattern) for pattern in (
+    rf"{_NAME}\s*[!=]=\s*{_STR}",
+    rf"{_STR}\s*[!=]=\s*{_NAME}{_NOT_CALLED}",
+    rf"{_STR}\s+(?:not\s+)?in\s+{_NAME}{_NOT_CALLED}",
+    rf"{_NAME}\s+(?:not\s+)?in\s*[\[({{]\s*{_STR}",
+    rf"{_NAME}\.(?:startswith|endswith|split|rsplit|partition|lower|upper|strip|replace)\(",
+    rf"{_NAME}\s*\+\s*{_STR}",
+    rf"""\[\s*['"](\w+)['"]\s*\]\s*[!=]=\s*{_STR}""",
+    # torch.autocast and torch.amp.GradScaler take a device *type*, a str (not a torch.device)
+    rf"\bdevice_type\s*=\s*{_NAME}\s*[,)]",
+    rf"\b(?:autocast|GradScaler)\(\s*{_NAME}\s*[,)]",
+)]
+
 
 def dotted(expr: cst.BaseExpression | None) -> str | None:
     """`a.b.c` for a Name/Attribute chain, else None."""
@@ -395,6 +416,15 @@ class MigrationContext:
 
     def bind_device(self, name: str) -> None:
         self.device_scopes[-1].add(name)
+
+    def used_as_string(self, name: str) -> bool:
+        """Does this file use `name` (a variable, an attribute such as `args.device`, a
+        config key) as a string anywhere? Read by every device rule, so that a value that is
+        compared as a string stays one (`device == "xla"` is False for a `torch.device`)."""
+        names = self.memo("string_names", lambda: {
+            match.rpartition(".")[2] for pattern in _STRING_USES
+            for match in pattern.findall(self.source)})
+        return name in names
 
     def device_in_scope(self) -> str | None:
         for scope in reversed(self.device_scopes):

@@ -15,5 +15,6 @@ def load_transforms() -> None:
         hot_loop,
         loops,
         optimizer_device,
+        slices,
         typed_tensors,
     )

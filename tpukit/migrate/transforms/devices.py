@@ -18,6 +18,7 @@ import libcst as cst
 from tpukit.findings import FixKind
 from tpukit.migrate.context import (
     dotted,
+    find_keyword,
     is_cpu_device,
     is_cuda_device_string,
     string_value,
@@ -64,8 +65,17 @@ def is_device_value(ctx, expr: cst.BaseExpression) -> bool:
 def names_a_device(expr: cst.BaseExpression) -> bool:
     if isinstance(expr, cst.Call) and dotted(expr.func) == "str" and len(expr.args) == 1:
         expr = expr.args[0].value  # 'cuda' in str(device)
-    name = terminal_name(expr).lower()
+    name = (subscript_key(expr) or terminal_name(expr)).lower()
     return "device" in name or name in ("dev", "type")
+
+
+def subscript_key(expr: cst.BaseExpression) -> str | None:
+    """"device" for `config["device"]` (a config entry), else None."""
+    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1:
+        index = expr.slice[0].slice
+        if isinstance(index, cst.Index):
+            return string_value(index.value)
+    return None
 
 
 _GETATTR_NAME = re.compile(r"\bgetattr\(\s*[\w.]+\s*,\s*(\w+)\s*[,)]")
@@ -100,6 +110,8 @@ class CudaDevice(Transform):
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self.not_devices: set[int] = set()  # id() of expressions that build a non-device name
+        self.bound_to: dict[int, list[str]] = {}  # id(IfExp) -> the names it is read back by
+        self.argparse_defaults: set[int] = set()  # id() of `add_argument(default=...)` values
 
     def _to_xla_device(self, node: cst.CSTNode):
         message = self.say("object", "`{code}` is a CUDA device; on TPU use the XLA device, "
@@ -123,6 +135,10 @@ class CudaDevice(Transform):
         )
 
     def visit_Call(self, node: cst.Call):
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument":
+            default = find_keyword(node, "default")
+            if default is not None:
+                self.argparse_defaults.add(id(default.value))
         if self.ctx.qualify(node.func) != "torch.device" or not node.args:
             return None
         first = node.args[0].value
@@ -140,8 +156,66 @@ class CudaDevice(Transform):
             and is_accelerator_value(self.ctx, node.body)
             and is_cpu_device(node.orelse)
         ):
-            return self._to_xla_device(node)
+            kept = self._kept_as_string(node)
+            return self._to_xla_device(node) if kept is None else self._string_choice(node, kept)
         return None
+
+    # -- a device choice of strings that the script reads as a string ---------------------
+    # `device = "cuda" if torch.cuda.is_available() else "cpu"` holds a string. Where the file
+    # compares it as one (`if device == "cuda":`, which becomes `== "xla"`), it must stay a
+    # string: `torch_xla.device() == "xla"` is False and the guarded code never runs.
+    def visit_Assign(self, node: cst.Assign):
+        self._bind(node.value, [terminal_name(t.target) for t in node.targets])
+
+    def visit_AnnAssign(self, node: cst.AnnAssign):
+        if node.value is not None:
+            self._bind(node.value, [terminal_name(node.target)])
+
+    def visit_Return(self, node: cst.Return):
+        # `def get_device(): return "cuda" if ... else "cpu"` read by `device = get_device()`
+        function = self.ctx.functions[-1] if self.ctx.functions else None
+        if isinstance(node.value, cst.IfExp) and isinstance(function, cst.FunctionDef):
+            callers = re.findall(rf"([\w.]+)\s*=\s*(?:self\.)?{function.name.value}\(",
+                                 self.ctx.source)
+            self._bind(node.value, [c.rpartition(".")[2] for c in callers])
+
+    def visit_Arg(self, node: cst.Arg):
+        if node.keyword is not None:  # `Config(device=...)`, read back as `config.device`
+            self._bind(node.value, [node.keyword.value])
+
+    def visit_DictElement(self, node: cst.DictElement):
+        key = string_value(node.key)
+        if key is not None:  # `{"device": ...}`, read back as `cfg["device"]`
+            self._bind(node.value, [key])
+
+    def _bind(self, value: cst.BaseExpression, names: list[str]) -> None:
+        if isinstance(value, cst.IfExp):
+            self.bound_to[id(value)] = [n for n in names if n]
+
+    def _kept_as_string(self, node: cst.IfExp) -> str | None:
+        """Why this choice of device strings stays a string, or None when it may become the
+        device object: an argparse default (what the command line gives is a string too), or
+        a value whose name the file uses as a string."""
+        if not isinstance(node.body, (cst.SimpleString, cst.FormattedString)):
+            return None  # `torch.device("cuda") if ... else ...`: an object already
+        if id(node) in self.argparse_defaults:
+            return "a command-line default, a string like the values the command line gives"
+        used = next((n for n in self.bound_to.get(id(node), ())
+                     if self.ctx.used_as_string(n)), None)
+        return None if used is None else f"`{used}` is used as a string in this file"
+
+    def _string_choice(self, node: cst.IfExp, why: str):
+        def build():
+            need_device_module(self.ctx)
+            return device_string(self.ctx, node.body)
+
+        return self.fix_or_report(
+            node,
+            self.say("kept_string", "`{code}` is a CUDA device string ({why}): on TPU it is "
+                     "'xla' (with `import torch_xla`), kept a string",
+                     code=self.ctx.short(node), why=why),
+            build,
+        )
 
     def visit_FormattedString(self, node: cst.FormattedString):
         if not _texts_around_a_device(node.parts):
@@ -348,6 +422,28 @@ class DeviceTypeComparison(Transform):
         if not changed:
             return None
         return updated.with_changes(left=new_left, comparisons=targets)
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        # `device.startswith("cuda")` (build-nanogpt's device_type): a comparison by method
+        func = original.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "startswith"
+                and len(original.args) == 1 and names_a_device(func.value)):
+            return None
+        literal = original.args[0].value
+        if string_value(literal) not in ("cuda", "cuda:"):
+            return None
+        if terminal_name(func.value) in attribute_names(self.ctx):
+            return None
+        replacement = self.fix_or_report(
+            literal,
+            self.say("comparison", "`{code}` tests for CUDA; on TPU the device type is 'xla'",
+                     code=self.ctx.short(original)),
+            lambda: self._xla(literal),
+        )
+        if replacement is None:
+            return None
+        self.ctx.add_guard(replacement, literal, shown=original)
+        return updated.with_changes(args=[updated.args[0].with_changes(value=replacement)])
 
     def _xla(self, literal):
         need_device_module(self.ctx)
