@@ -7,6 +7,7 @@ def load_transforms() -> None:
         api_map,
         backend_flags,
         checkpoints,
+        collectives,
         cuda_only,
         devices,
         distributed,
