@@ -172,17 +172,19 @@ def test_json_output_is_the_documented_schema(project, run_cli):
 
 
 def test_sarif_output_validates_against_the_official_schema(tmp_path, run_cli):
-    (tmp_path / "train.py").write_text(CUDA_SCRIPT + MANUAL_SCRIPT)
+    (tmp_path / "train.py").write_text(CUDA_SCRIPT + MANUAL_SCRIPT
+                                       + "torch.backends.cudnn.benchmark = True\n")
     (tmp_path / "bad.py").write_text("import torch\ndef f(:\n    torch.cuda.synchronize()\n")
     proc = run_cli("migrate", "--check", "--format", "sarif", ".", cwd=tmp_path, check_rc=2)
     sarif = json.loads(proc.stdout)
     schema = json.loads((ROOT / "tests" / "data" / "sarif-schema-2.1.0.json").read_text())
     jsonschema.validate(sarif, schema)
     run = sarif["runs"][0]
-    assert {r["ruleId"] for r in run["results"]} == {"TPU101", "TPU102", "TPU911"}
+    assert {r["ruleId"] for r in run["results"]} == {"TPU101", "TPU102", "TPU120", "TPU911"}
     assert run["invocations"][0]["executionSuccessful"] is False
     levels = {r["ruleId"]: r["level"] for r in run["results"]}
-    assert levels["TPU911"] == "error" and levels["TPU101"] == "warning"
+    # a CUDA device crashes on a TPU VM (error); a cuDNN flag does nothing there (warning)
+    assert levels["TPU911"] == levels["TPU101"] == "error" and levels["TPU120"] == "warning"
 
 
 def test_sarif_schema_rejects_a_broken_log():
