@@ -138,3 +138,16 @@ def test_image_folder_recipe_writes_valid_pngs(tmp_path):
     png = (tmp_path / "d" / "train" / "a" / "0.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and png.endswith(b"IEND\xaeB`\x82")
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["train", "validation"]
+
+
+def test_first_error_resolves_a_frame_relative_to_the_working_folder(tmp_path):
+    text = ('Traceback (most recent call last):\n  File "main.py", line 93, in <module>\n'
+            "    model.share_memory()\nRuntimeError: _share_fd_: only available on CPU\n")
+    assert real_scripts.first_error(text, tmp_path, tmp_path / "mnist_hogwild") == (
+        "RuntimeError: _share_fd_: only available on CPU", "mnist_hogwild/main.py:93")
+
+
+def test_idiom_codes_leave_out_performance_hazards():
+    idiom = real_scripts.IDIOM_CODE.match
+    assert idiom("TPU117") and idiom("TPU104") and idiom("TPU414") and idiom("TPU901")
+    assert not idiom("TPU302") and not idiom("TPU501") and not idiom("TPU703")
