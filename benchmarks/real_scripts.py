@@ -541,7 +541,9 @@ def run_entry(entry: dict, mirrors: Path, work: Path, python: str, sites: list[P
                 except (OSError, IndexError, ValueError):
                     pass
         compare = entry.get("compare", steps)
-        if r.migrated.status not in ("ok", "stopped") and len(r.migrated.losses) < compare:
+        if steps and not compare:
+            r.loss, r.loss_detail = "n/a", f"not comparable: {entry.get('device_rng', '')}"
+        elif r.migrated.status not in ("ok", "stopped") and len(r.migrated.losses) < compare:
             r.loss, r.loss_detail = "n/a", f"port {r.migrated.status} after {len(r.migrated.losses)} losses"
         elif r.original.status in ("ok", "stopped") or r.original.losses:
             r.loss, r.loss_detail = compare_losses(r.original.losses, r.migrated.losses, compare)
