@@ -291,7 +291,8 @@ def first_error(text: str, tree: Path | None = None, cwd: Path | None = None) ->
                 break
     if not error:
         for line in reversed(lines):
-            if re.search(r"\berror\b|Error\b", line) and not line.startswith(" "):
+            if re.search(r"\berror\b|Error\b|^terminate called|^Fatal Python error|Segmentation fault|"
+                         r"^Aborted", line) and not line.startswith(" "):
                 error = line.strip()
                 break
     return error[:300], where

@@ -151,3 +151,8 @@ def test_idiom_codes_leave_out_performance_hazards():
     idiom = real_scripts.IDIOM_CODE.match
     assert idiom("TPU117") and idiom("TPU104") and idiom("TPU414") and idiom("TPU901")
     assert not idiom("TPU302") and not idiom("TPU501") and not idiom("TPU703")
+
+
+def test_first_error_names_an_abort_at_exit():
+    text = "run: 101 step(s) (stopped by --max-steps)\nterminate called without an active exception\n"
+    assert real_scripts.first_error(text)[0] == "terminate called without an active exception"
