@@ -374,13 +374,15 @@ def extract(mirrors: Path, entry: dict, dest: Path) -> None:
         raise FileNotFoundError(f"no mirror {git_dir} (fetch github:{entry['repo']})")
     tree = entry.get("tree", [str(Path(entry["path"]).parent) if "/" in entry["path"] else "."])
     dest.mkdir(parents=True)
-    # A mirror may lack its largest blobs (data files the recipes replace): leave those out.
+    # A mirror may lack its largest blobs (data files the recipes replace): leave those out. Where
+    # git archive still reads an excluded blob (it does for some trees), the manifest's `tree`
+    # lists only what the script needs.
     excluded: list[str] = []
     for _ in range(50):
         done = subprocess.run(["git", f"--git-dir={git_dir}", "archive", entry["commit"], "--", *tree,
                                *excluded], capture_output=True)
         missing = re.search(rb"invalid object \w+ \w+ for '([^']+)'", done.stderr)
-        if done.returncode == 0 or not missing:
+        if done.returncode == 0 or not missing or f":(exclude){missing[1].decode()}" in excluded:
             break
         excluded.append(f":(exclude){missing[1].decode()}")
     if done.returncode:
