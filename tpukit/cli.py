@@ -267,6 +267,14 @@ def run(
         code = run_command(request)
     except UsageError as exc:
         fail(str(exc))
+    if request.stopped_mid_loop:
+        import logging
+        import os
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)  # the report is written; skip the teardown of a loop stopped mid-way
     raise typer.Exit(code)
 
 

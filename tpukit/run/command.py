@@ -36,6 +36,7 @@ class UsageError(Exception):
 @dataclass
 class RunRequest:
     script: str | None
+    stopped_mid_loop: bool = field(default=False, init=False)  # set by run_command
     module: str | None = None
     args: list[str] = field(default_factory=list)
     max_steps: int | None = None
@@ -208,6 +209,11 @@ def run_command(request: RunRequest) -> int:
         _print_profile(summary["profile"], sys.stderr)
     if request.html is not None:
         print(f"tpukit: HTML report: {request.html}", file=sys.stderr)
+    # Stopped mid-loop by --max-steps, the script's loaders and the runtime may still have
+    # work in flight (MpDeviceLoader's threads): the caller ends the process without the
+    # interpreter's teardown, which aborted one run ("terminate called without an active
+    # exception", exit -6) after its report said exit 0.
+    request.stopped_mid_loop = outcome.kind == "max-steps"
     if outcome.kind in STOPPED and outcome.exit_code != 0:
         return outcome.exit_code
     return 1 if failed else 0

@@ -70,3 +70,22 @@ class AverageAllReduce(Transform):
             call, f"`{code}`: the XLA process group has no ReduceOp.AVG (\"Invalid reduce op\"); "
             f"a SUM divided by the world size is the same average: `{name} /= {size}` added",
             build)
+
+
+@transform("TPU416")
+class SharedMemoryModel(Transform):
+    """`model.share_memory()` (Hogwild training: processes that update one model in shared
+    host memory): a device tensor has no shared-memory form ("_share_fd_: only available on
+    CPU" on XLA). A finding, with the two ways out."""
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        func = original.func
+        if (isinstance(func, cst.Attribute) and func.attr.value == "share_memory"
+                and not original.args and not self.ctx.qualify(func.value)):
+            self.ctx.report(
+                self.rule, original,
+                f"`{self.ctx.short(original)}` shares the model's host memory between processes "
+                "(Hogwild); XLA tensors cannot be shared (\"_share_fd_: only available on CPU\"): "
+                "train one replica per process with `torch_xla.launch` and DDP's gradient "
+                "all-reduce, or keep this model on the CPU", applied=False)
+        return None
