@@ -15,10 +15,16 @@ TENSORISH = ("loss", "acc", "correct", "pred", "logit", "output", "out", "norm",
 LOGGERS = ("print", "info", "debug", "warning", "log")
 
 
+# A flag's name (`use_accel`, `is_accum_step`, `has_loss`): a Python bool, whatever its words.
+FLAG_PREFIXES = ("use_", "is_", "has_", "no_", "do_", "should_", "enable_", "with_")
+
+
 def _tensorish(expr: cst.BaseExpression) -> bool:
     name = terminal_name(expr).lower()
     if isinstance(expr, cst.Subscript):
         name = terminal_name(expr.value).lower()
+    if name.startswith(FLAG_PREFIXES) or name.endswith(("_enabled", "_flag")):
+        return False
     return any(word in name for word in TENSORISH)
 
 
