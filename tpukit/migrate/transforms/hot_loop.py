@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tpukit.findings import FixKind
+
 from tpukit.migrate.context import dotted, integer_value, terminal_name
 from tpukit.migrate.transforms.base import Transform, transform
 from tpukit.migrate.transforms.loops import find_steps, loader_in_iter
@@ -106,6 +108,17 @@ class HostSyncInLoop(Transform):
         return updated.with_changes(value=closure)
 
 
+def _scalar(expr: cst.BaseExpression) -> bool:
+    """A number: `0`, `-1e9`, `float('-inf')`, `-float('Inf')`, `math.inf`."""
+    if isinstance(expr, cst.UnaryOperation):
+        return _scalar(expr.expression)
+    if isinstance(expr, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "float":
+        return len(expr.args) == 1 and isinstance(expr.args[0].value, cst.SimpleString)
+    return dotted(expr) in ("math.inf", "float.inf", "np.inf", "numpy.inf")
+
+
 @transform("TPU502")
 class DataDependentShape(Transform):
     """Ops whose output shape depends on tensor values fall back to the CPU or recompile."""
@@ -126,13 +139,52 @@ class DataDependentShape(Transform):
         if name is None and isinstance(func, cst.Attribute) and func.attr.value in self.METHODS:
             name = self.METHODS[func.attr.value]
         if name in self.FUNCTIONS:
-            self.ctx.report(self.rule, original, self.FUNCTIONS[name], applied=False)
+            self.ctx.report(self.rule, original, self.FUNCTIONS[name], applied=False,
+                            fix=FixKind.NONE)
         elif name == "torch.where" and len(original.args) == 1:
             self.ctx.report(self.rule, original, "one-argument `torch.where(mask)` is `nonzero`: a "
-                            "data-dependent shape; use `torch.where(mask, x, 0)`", applied=False)
+                            "data-dependent shape; use `torch.where(mask, x, 0)`", applied=False,
+                            fix=FixKind.NONE)
         return None
 
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.filled: set[int] = set()  # `x[x < v] = -inf` targets, rewritten to masked_fill_
+
+    def _mask_fill(self, node: cst.Assign) -> cst.Subscript | None:
+        """`x[<comparison>] = <scalar>`: the same as `x.masked_fill_(<comparison>, <scalar>)`,
+        which keeps x's shape (minGPT's top-k: `logits[logits < v[:, [-1]]] = -float('Inf')`)."""
+        if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Subscript):
+            return None
+        target = node.targets[0].target
+        if len(target.slice) != 1 or not isinstance(target.slice[0].slice, cst.Index):
+            return None
+        if not isinstance(target.slice[0].slice.value, cst.Comparison):
+            return None
+        return target if _scalar(node.value) else None
+
+    def visit_Assign(self, node: cst.Assign):
+        target = self._mask_fill(node)
+        if target is not None:
+            self.filled.add(id(target))
+        return None
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
+        target = self._mask_fill(original)
+        if target is None:
+            return None
+        mask = self.ctx.code(target.slice[0].slice.value)
+        tensor = self.ctx.code(target.value)
+        value = self.ctx.code(original.value)
+        new = f"{tensor}.masked_fill_({mask}, {value})"
+        return self.fix_or_report(
+            original, f"`{self.ctx.short(original)}` writes through a boolean mask (a nonzero "
+            f"on the host, a CPU fallback and a copy every call): `{new}` does the same at a "
+            "fixed shape", lambda: cst.Expr(cst.parse_expression(new)))
+
     def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript):
+        if id(original) in self.filled:
+            return None
         if len(original.slice) != 1 or not isinstance(original.slice[0].slice, cst.Index):
             return None
         index = original.slice[0].slice.value
@@ -144,7 +196,7 @@ class DataDependentShape(Transform):
                 f"`{self.ctx.short(original)}` indexes with a boolean mask: the result's shape "
                 "depends on the data (a CPU fallback or a recompile per count); keep the shape "
                 "fixed, e.g. `(x * mask).sum() / mask.sum()` or `ignore_index` in the loss",
-                applied=False)
+                applied=False, fix=FixKind.NONE)
         return None
 
 
