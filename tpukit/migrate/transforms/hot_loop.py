@@ -208,6 +208,41 @@ class DynamicPadding(Transform):
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self.functions: list[str] = []
+        self.loops = 0
+
+    def visit_For(self, node):
+        self.loops += 1
+
+    def leave_For(self, original, updated):
+        self.loops -= 1
+        return None
+
+    def visit_While(self, node):
+        self.loops += 1
+
+    def leave_While(self, original, updated):
+        self.loops -= 1
+        return None
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
+        # idx = torch.cat((idx, idx_next), dim=1) in a loop: a longer tensor every iteration
+        value = original.value
+        if not (self.loops and isinstance(value, cst.Call)
+                and self.ctx.qualify(value.func) in ("torch.cat", "torch.concat", "torch.concatenate")
+                and value.args and isinstance(value.args[0].value, (cst.Tuple, cst.List))):
+            return None
+        grown = {t.target.value for t in original.targets if isinstance(t.target, cst.Name)}
+        parts = value.args[0].value.elements
+        if grown and parts and isinstance(parts[0].value, cst.Name) and parts[0].value.value in grown:
+            name = parts[0].value.value
+            self.ctx.report(
+                self.rule, original,
+                f"`{self.ctx.short(original)}` grows `{name}` every iteration: a new shape, so a "
+                "new XLA graph per iteration (minGPT's generate compiled 2 graphs a token); "
+                f"allocate `{name}` at its final length once and write each step into it "
+                "(`index_copy_` at a tensor position), or pad to a few fixed lengths",
+                applied=False)
+        return None
 
     def visit_FunctionDef(self, node):
         self.functions.append(node.name.value)
