@@ -8,6 +8,18 @@ from __future__ import annotations
 
 import libcst as cst
 
+# What a legacy typed tensor does when called (both targets' `_XlaTensorType`/`_TpuTensorType`):
+# sizes make an uninitialised tensor of its dtype on the device, data a copy of the data there.
+_TENSOR_TYPE_CALL = '''    def __call__(self, *data):
+        if not data:
+            return torch.empty(0, dtype=self.dtype, device=self.device)
+        if all(isinstance(d, int) for d in data) or (
+                len(data) == 1 and isinstance(data[0], torch.Size)):
+            return torch.empty(*data, dtype=self.dtype, device=self.device)
+        (values,) = data
+        return torch.as_tensor(values, dtype=self.dtype).to(self.device)
+'''
+
 SOURCES: dict[str, str] = {
     "_xla_memory_stat": '''
 def _xla_memory_stat(key):
@@ -83,15 +95,7 @@ class _XlaTensorType:
     def device(self):
         return torch_xla.device()
 
-    def __call__(self, *data):
-        if not data:
-            return torch.empty(0, dtype=self.dtype, device=self.device)
-        if all(isinstance(d, int) for d in data) or (
-                len(data) == 1 and isinstance(data[0], torch.Size)):
-            return torch.empty(*data, dtype=self.dtype, device=self.device)
-        (values,) = data
-        return torch.as_tensor(values, dtype=self.dtype).to(self.device)
-''',
+''' + _TENSOR_TYPE_CALL,
     "_TpuTensorType": '''
 class _TpuTensorType:
     """A CUDA typed tensor (`torch.cuda.FloatTensor` and friends) on TorchTPU (inserted by
@@ -104,15 +108,7 @@ class _TpuTensorType:
     def __init__(self, dtype):
         self.dtype = dtype
 
-    def __call__(self, *data):
-        if not data:
-            return torch.empty(0, dtype=self.dtype, device=self.device)
-        if all(isinstance(d, int) for d in data) or (
-                len(data) == 1 and isinstance(data[0], torch.Size)):
-            return torch.empty(*data, dtype=self.dtype, device=self.device)
-        (values,) = data
-        return torch.as_tensor(values, dtype=self.dtype).to(self.device)
-''',
+''' + _TENSOR_TYPE_CALL,
     "_inputs_to_device": '''
 def _inputs_to_device(module):
     """DistributedDataParallel(device_ids=[i]) moved its forward's tensor inputs to device i;
