@@ -529,3 +529,12 @@ def test_eager_mode_brings_torch_when_the_file_has_only_a_device_string():
 def test_no_eager_mode_without_the_option():
     new = migrate_source("import torch\nx = torch.zeros(2).cuda()\n", "t.py", torchtpu(None)).new_source
     assert "set_eager_mode" not in new and "import torch_tpu" in new
+
+
+def test_a_typed_tensor_alias_inside_a_function_is_rewritten_with_its_casts():
+    found = migrate("import torch\n\n\ndef train(imgs, cuda):\n"
+                    "    Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor\n"
+                    "    return imgs.type(Tensor)\n")
+    assert "    Tensor = _XlaTensorType(torch.float32)\n" in found.new_source
+    assert "imgs.to(Tensor.device, Tensor.dtype)" in found.new_source  # not .type(<helper>)
+    compile(found.new_source, "t.py", "exec")

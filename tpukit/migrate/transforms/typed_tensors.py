@@ -106,6 +106,7 @@ class TypedTensor(Transform):
         if dtype is None:
             return None
         new = self._type_of(dtype)
+        self._local_aliases.add(original.targets[0].target.value)
 
         def build():
             self.ctx.helpers_needed.add(self._helper())
@@ -137,8 +138,9 @@ class TypedTensor(Transform):
         if dtype is not None:  # x.type(torch.cuda.FloatTensor) / x.type('torch.cuda.FloatTensor')
             device = self.ctx.code(self.ctx.device_expr())
             target = f"{device}, torch.{dtype}"
-        elif isinstance(arg, cst.Name) and arg.value in aliases(self.ctx) \
-                and not any(arg.value in self.ctx._local_names(f) for f in self.ctx.functions):
+        elif isinstance(arg, cst.Name) and (arg.value in self._local_aliases or (
+                arg.value in aliases(self.ctx)
+                and not any(arg.value in self.ctx._local_names(f) for f in self.ctx.functions))):
             target = f"{arg.value}.device, {arg.value}.dtype"
         else:
             return None
@@ -192,3 +194,4 @@ class TypedTensor(Transform):
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self._owned: set[int] = set()
+        self._local_aliases: set[str] = set()  # aliases assigned in a function, rewritten above
