@@ -438,10 +438,10 @@ class MigrationContext:
         return cst.Name(name) if name else self.expr(self.device_move)
 
     # -- fixes and findings ---------------------------------------------------------
-    def can_fix(self, rule: Rule) -> bool:
+    def can_fix(self, rule: Rule, fix: FixKind | None = None) -> bool:
         if self.cuda_only:
             return False  # CUDA-only code (guards.cuda_only_function): findings only
-        fix = rule.fix_for(self.target)
+        fix = fix or rule.fix_for(self.target)
         return fix is FixKind.SAFE or (fix is FixKind.UNSAFE and self.unsafe_fixes)
 
     def report(

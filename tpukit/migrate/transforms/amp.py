@@ -118,15 +118,11 @@ class HalfPrecision(Transform):
     library, an export script) a finding, applied with --unsafe-fixes: a float16 there may be
     the format of a file it writes."""
 
-    def fix_or_report(self, node, message, build):
+    def fix_or_report(self, node, message, build, fix=None):
         if self.ctx.package_module or ".backward(" not in self.ctx.source:
             if not (self.ctx.unsafe_fixes and not self.ctx.cuda_only):
-                self.ctx.report(self.rule, node, message + " (not a training script: applied "
-                                "with --unsafe-fixes)", applied=False, fix=FixKind.UNSAFE)
-                return None
-            replacement = build()
-            self.ctx.report(self.rule, node, message, applied=True, fix=FixKind.UNSAFE)
-            return replacement
+                message += " (not a training script: applied with --unsafe-fixes)"
+            return super().fix_or_report(node, message, build, fix=FixKind.UNSAFE)
         return super().fix_or_report(node, message + " (bfloat16: float32's range, 3 fewer "
                                      "mantissa bits than float16; no loss scaling needed)", build)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from tpukit.findings import FixKind
 from tpukit.migrate.context import MigrationContext
 from tpukit.rules import Rule
 
@@ -49,11 +50,13 @@ class Transform:
         template = self.mapping.get("messages", {}).get(key, default)
         return template.format(**values)
 
-    def fix_or_report(self, node: cst.CSTNode, message: str, build):
-        """Report `node`; return `build()` when this rule may fix it here, else None."""
-        fixable = bool(self.mapping) and self.ctx.can_fix(self.rule)
+    def fix_or_report(self, node: cst.CSTNode, message: str, build, fix: FixKind | None = None):
+        """Report `node`; return `build()` when this rule may fix it here, else None. `fix`: this
+        finding's kind where it differs from the rule's (`.half()` outside a training script
+        is an unsafe fix of a rule that is safe in one)."""
+        fixable = bool(self.mapping) and self.ctx.can_fix(self.rule, fix)
         replacement = build() if fixable else None
-        self.ctx.report(self.rule, node, message, applied=replacement is not None)
+        self.ctx.report(self.rule, node, message, applied=replacement is not None, fix=fix)
         return replacement
 
 

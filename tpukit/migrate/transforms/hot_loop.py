@@ -149,7 +149,7 @@ class DataDependentShape(Transform):
 
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
-        self.filled: set[int] = set()  # `x[x < v] = -inf` targets, rewritten to masked_fill_
+        self.filled: dict[int, cst.Subscript] = {}  # id(`x[x < v] = -inf`) -> its target
 
     def _mask_fill(self, node: cst.Assign) -> cst.Subscript | None:
         """`x[<comparison>] = <scalar>`: the same as `x.masked_fill_(<comparison>, <scalar>)`,
@@ -166,11 +166,11 @@ class DataDependentShape(Transform):
     def visit_Assign(self, node: cst.Assign):
         target = self._mask_fill(node)
         if target is not None:
-            self.filled.add(id(target))
+            self.filled[id(node)] = target
         return None
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
-        target = self._mask_fill(original)
+        target = self.filled.pop(id(original), None)
         if target is None:
             return None
         mask = self.ctx.code(target.slice[0].slice.value)
@@ -183,8 +183,8 @@ class DataDependentShape(Transform):
             "fixed shape", lambda: cst.Expr(cst.parse_expression(new)))
 
     def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript):
-        if id(original) in self.filled:
-            return None
+        if any(target is original for target in self.filled.values()):
+            return None  # the target of a masked write being rewritten (leave_Assign)
         if len(original.slice) != 1 or not isinstance(original.slice[0].slice, cst.Index):
             return None
         index = original.slice[0].slice.value

@@ -570,17 +570,13 @@ class StepBarrier(Transform):
             lambda: cst.FlattenSentinel([updated, self._sync_line()]),
         )
 
-    def leave_For(self, original, updated):
+    def _leave_loop(self, original, updated):
         ended = self._end(original, updated)
         if original in self.after_update:
             return self._after_update(original, updated if ended is None else ended)
         return ended
 
-    def leave_While(self, original, updated):
-        ended = self._end(original, updated)
-        if original in self.after_update:
-            return self._after_update(original, updated if ended is None else ended)
-        return ended
+    leave_For = leave_While = _leave_loop
 
     def leave_With(self, original, updated):
         if any(isinstance(i.item, cst.Call) and self.ctx.qualify(i.item.func) in NO_GRAD
