@@ -110,8 +110,11 @@ def test_a_script_that_needs_an_edit_is_not_counted_as_run():
     assert row[1] == "no" and row[5] == "-" and row[-1] == "needs edit: hard-coded sizes"
     ok = _result(name="t", repo="o/q", parses=True, idioms_left=0, loss="ok",
                  migrated=real_scripts.Run(status="ok"))
-    line = real_scripts.summary_line([r, ok])
-    assert "2 scripts from 2 repositories; 1 run with no edit; 1/1 ports ran" in line
+    failed = _result(name="u", repo="o/q", parses=True, idioms_left=0,
+                     migrated=real_scripts.Run(status="failed"))
+    line = real_scripts.summary_line([r, ok, failed])
+    assert "3 scripts from 2 repositories; 1/2 runnable ports ran to their end with no edit (50%)" in line
+    assert "1 checked only (needs an edit to run); 1/3 of all entries (33%)" in line
     assert "1/1 compared" in line
 
 
@@ -156,3 +159,42 @@ def test_idiom_codes_leave_out_performance_hazards():
 def test_first_error_names_an_abort_at_exit():
     text = "run: 101 step(s) (stopped by --max-steps)\nterminate called without an active exception\n"
     assert real_scripts.first_error(text)[0] == "terminate called without an active exception"
+
+
+def test_cifar10_recipe_writes_the_pickled_batches_torchvision_reads(tmp_path):
+    import pickle
+
+    np = pytest.importorskip("numpy")
+    real_scripts.make_cifar10(tmp_path, {"data_dir": "data", "data_size": 10, "test_size": 3})
+    folder = tmp_path / "data" / "cifar-10-batches-py"
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["batches.meta", "data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4",
+                     "data_batch_5", "test_batch"]
+    # as torchvision.datasets.CIFAR10 reads them
+    data, labels = [], []
+    for name in names[1:6]:
+        with open(folder / name, "rb") as f:
+            entry = pickle.load(f, encoding="latin1")
+        data.append(entry["data"])
+        labels += entry["labels"]
+    images = np.vstack(data).reshape(-1, 3, 32, 32)
+    assert images.shape == (10, 3, 32, 32) and images.dtype == np.uint8
+    assert len(labels) == 10 and all(0 <= c < 10 for c in labels)
+    with open(folder / "batches.meta", "rb") as f:
+        assert len(pickle.load(f, encoding="latin1")["label_names"]) == 10
+
+
+def test_offline_shims_are_for_known_recipes_and_compile():
+    for recipe, code in real_scripts.OFFLINE_SHIMS.items():
+        assert recipe in real_scripts.RECIPES
+        compile(real_scripts.SITECUSTOMIZE + code, f"<shim {recipe}>", "exec")
+
+
+def test_a_terminal_stdin_answers_stty_size(tmp_path):
+    log = tmp_path / "log"
+    code, status, _ = real_scripts.run_process(["stty", "size"], tmp_path, {"PATH": "/usr/bin:/bin"},
+                                               log, timeout=20, terminal=True)
+    assert (code, status) == (0, "ok") and log.read_text().split() == ["24", "120"]
+    code, _, _ = real_scripts.run_process(["stty", "size"], tmp_path, {"PATH": "/usr/bin:/bin"},
+                                          log, timeout=20)
+    assert code != 0   # without it, stdin is /dev/null: not a terminal
