@@ -80,7 +80,8 @@ def migrate(
         help="Also migrate the local modules a named script imports (from its own folder)."),
 ) -> None:
     """Rewrite CUDA code for TPU in place (or --diff, --check, -o DIR)."""
-    from tpukit.migrate.command import MigrateRequest, UsageError, run_migrate
+    from tpukit.errors import UsageError
+    from tpukit.migrate.command import MigrateRequest, run_migrate
     from tpukit.migrate.files import Mode
 
     if sum([diff, check, out is not None]) > 1:
@@ -159,7 +160,7 @@ def doctor(
     """Pre-flight check for CI and a fresh TPU VM: environment, device, leftover CUDA code."""
     from tpukit.doctor.checks import DoctorContext
     from tpukit.doctor.command import DoctorRequest, run_doctor
-    from tpukit.migrate.command import UsageError
+    from tpukit.errors import UsageError
 
     targets = list(paths) if paths else [Path.cwd()]
     try:
@@ -225,7 +226,8 @@ def run(
     """Run a script on the TPU (XLA:CPU without one) and explain its recompiles, CPU fallbacks
     and host syncs, step by step."""
     from tpukit.run.analysis import FAIL_ON
-    from tpukit.run.command import RunRequest, UsageError, run_command
+    from tpukit.errors import UsageError
+    from tpukit.run.command import RunRequest, run_command
 
     args = list(ctx.args)
     if module is None and script is None:

@@ -70,6 +70,17 @@ class Finding:
         }
 
     @classmethod
+    def from_rule(cls, rule, location: Location, message: str | None = None, *,
+                  severity: Severity | None = None, target: str = "xla", **fields) -> "Finding":
+        """The finding of `rule` (a tpukit.rules.Rule) at `location`: its code, name and severity
+        (unless `severity`), its fix kind on `target` (unless `fix=`), its message on `target`
+        (unless `message`); other Finding fields (`applied`, `extra`) as keywords."""
+        fields.setdefault("fix", rule.fix_for(target))
+        return cls(rule.code, severity or rule.severity,
+                   rule.message_for(target) if message is None else message, location,
+                   name=rule.name, **fields)
+
+    @classmethod
     def from_dict(cls, data: dict) -> "Finding":
         """The inverse of to_dict (a saved JSON report's finding)."""
         location = Location(data["path"], data["line"], data["col"], data.get("end_line"),

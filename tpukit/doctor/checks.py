@@ -23,7 +23,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable, Mapping
 
-from tpukit.findings import Finding, Location, Severity
+from tpukit.findings import Finding, FixKind, Location, Severity
 from tpukit.rules import load_rules
 
 XLA_RELEASE = "2.9.0"
@@ -147,14 +147,9 @@ def _base(version: str) -> str:
 
 
 def finding(code: str, message: str, severity: Severity | None = None) -> Finding:
-    rule = load_rules()[code]
-    return Finding(
-        code=code,
-        name=rule.name,
-        severity=severity or rule.severity,
-        message=message,
-        location=Location(""),  # the environment, not a file
-    )
+    # the environment, not a file; a check's fix is the person's (the rule's fix kind is for code)
+    return Finding.from_rule(load_rules()[code], Location(""), message, severity=severity,
+                             fix=FixKind.NONE)
 
 
 # -- the checks ---------------------------------------------------------------------------

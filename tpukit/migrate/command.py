@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
+from tpukit.errors import UsageError
 from tpukit.atomic import remove_stale_temp_files
 from tpukit.config import Config, real_path
 from tpukit.findings import FileError
@@ -28,8 +29,6 @@ from tpukit.rules import select_rules
 PROGRESS_MIN_FILES = 20
 
 
-class UsageError(Exception):
-    """Bad arguments: exit 2 with a one-line message."""
 
 
 @dataclass

@@ -209,18 +209,9 @@ def _findings(ctx: MigrationContext, module: cst.Module, layout: Layout, path: s
             if pos
             else Location(path)
         )
-        findings.append(
-            Finding(
-                code=report.rule.code,
-                name=report.rule.name,
-                severity=report.rule.severity,
-                message=report.message,
-                location=location,
-                fix=report.fix or report.rule.fix_for(ctx.target),
-                applied=report.applied,
-                extra=report.extra,
-            )
-        )
+        findings.append(Finding.from_rule(report.rule, location, report.message, target=ctx.target,
+                                          fix=report.fix or report.rule.fix_for(ctx.target),
+                                          applied=report.applied, extra=report.extra))
     findings.sort(key=Finding.sort_key)
     return findings
 

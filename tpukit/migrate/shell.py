@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tpukit.findings import Finding, Location
+from tpukit.findings import Finding, FixKind, Location
 from tpukit.rules import load_rules
 
 CODE = "TPU414"
@@ -48,6 +48,6 @@ def scan_shell(path: Path, display: str, target: str = "xla") -> list[Finding]:
         nproc = _NPROC.search(line)
         per_node = f" (`--nproc_per_node={nproc.group(1)}` counts GPUs)" if nproc else ""
         message = _advice(match.group(1), per_node, target)
-        findings.append(Finding(CODE, rule.severity, message,
-                                Location(display, number, match.start(1) + 1), name=rule.name))
+        findings.append(Finding.from_rule(rule, Location(display, number, match.start(1) + 1), message,
+                                          fix=FixKind.NONE))
     return findings

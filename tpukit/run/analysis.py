@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpukit.findings import Finding, Location, Severity
+from tpukit.findings import Finding, FixKind, Location, Severity
 from tpukit.rules import load_rules
 from tpukit.run.probe import Probe, Step, is_user_file
 from tpukit.run.shapes import describe, diff
@@ -84,9 +84,8 @@ class Loops:
 
 def finding(code: str, message: str, where: tuple[str, int], severity: Severity | None = None,
              **extra) -> Finding:
-    rule = load_rules()[code]
-    return Finding(code, severity or rule.severity, message, Location(where[0], where[1]),
-                   name=rule.name, extra=extra)
+    return Finding.from_rule(load_rules()[code], Location(where[0], where[1]), message,
+                             severity=severity, fix=FixKind.NONE, extra=extra)
 
 
 def _graph_line(event) -> tuple[str, int] | None:

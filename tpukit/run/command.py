@@ -22,15 +22,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tpukit.findings import Finding, Location
+from tpukit.errors import UsageError
+from tpukit.findings import Finding, FixKind, Location
 from tpukit.render import Format, Report, render
 
 # Outcomes whose exit code is the run's: the script's own, or the signal's (130, 143).
 STOPPED = ("error", "exit", "interrupted", "terminated")
 
 
-class UsageError(Exception):
-    """Bad command line: exit 2 with one line."""
 
 
 @dataclass
@@ -95,8 +94,8 @@ def _cuda_finding(script: str, idioms: list[dict]) -> Finding:
     what = quoted.group(0) if quoted else first["code"]
     message = (f"{script} still has {len(idioms)} CUDA idiom(s) ({', '.join(codes)}; first at line "
                f"{first['line']}: {what}): run `tpukit migrate {script}` first")
-    return Finding("TPU704", rule.severity, message, Location(script, first["line"], first["col"]),
-                   name=rule.name)
+    return Finding.from_rule(rule, Location(script, first["line"], first["col"]), message,
+                             fix=FixKind.NONE)
 
 
 def _debug_log_path(env: dict) -> tuple[Path, bool]:
