@@ -17,9 +17,9 @@ from tpukit.findings import FixKind, Severity
 TARGETS = ("xla", "torchtpu")
 _CODE = re.compile(r"^TPU\d{3}$")
 _REQUIRED = ("code", "name", "severity", "fix", "summary", "why")
-# Rules about the environment (doctor), a running script (run) or shell scripts (migrate's
-# scan of *.sh files), not about Python source code.
-NON_CODE_ENGINES = ("doctor", "runner", "shell")
+# Rules about the environment (doctor), a running script (run), suppression comments or shell
+# scripts (migrate's scan of *.sh files), not about Python source code.
+NON_CODE_ENGINES = ("doctor", "runner", "shell", "suppress")
 
 
 class RuleError(Exception):
