@@ -26,6 +26,92 @@ class RuleError(Exception):
     """A rule file is malformed: a bug in tpukit, reported with the file's name."""
 
 
+# -- the schema of a rule file: every key a rule file may hold, checked at load, so that a typo
+# (`remvoe = ...`) is an error at its line instead of a mapping that silently does nothing.
+ENGINE_KINDS = ("call-map", "cuda-only-import") + NON_CODE_ENGINES
+_TOP_KEYS = frozenset(_REQUIRED) | {"engine", "message", "triggers", "statement_triggers", "targets",
+                                    "examples"}
+_ENGINE_KEYS = {"runner": {"fixes"}, "cuda-only-import": {"modules"}}
+# A target table (`[targets.xla]`): the keys the transforms read.
+_TARGET_KEYS = frozenset({
+    "attribute", "at_import", "backend", "before", "bucket_view", "calls", "device_type", "drop",
+    "drop_modes", "env", "exported", "expression", "fix", "helper", "imports", "insert", "instead",
+    "internal", "message", "messages", "move_to", "moved", "note", "remove", "rename",
+    "rendezvous_env", "replace", "skip", "world_size",
+})
+# `[targets.T.calls."torch.cuda.x"]`: one mapped call.
+_CALL_KEYS = frozenset({
+    "as_device", "as_device_note", "before_launch", "before_launch_helper", "before_launch_note",
+    "helper", "instead", "note", "otherwise", "remove", "replace", "statements", "value_ok", "when",
+})
+# Tables whose keys are names (of messages, modules, variables), each mapped to a string.
+_NAME_TABLES = ("messages", "moved", "internal", "env")
+_EXAMPLE_KEYS = frozenset({"before", "codes"} | set(TARGETS) | {f"codes_{t}" for t in TARGETS})
+
+
+def _line_of(text: str, key: str, after: str = "") -> int:
+    """The line of `key = ...` in a TOML text (after the line that starts table `after`), 1 if
+    not found: tomllib keeps no positions."""
+    lines = text.splitlines()
+    start = 0
+    if after:
+        for i, line in enumerate(lines):
+            if line.strip().startswith("[") and after in line:
+                start = i
+                break
+    pattern = re.compile(rf"^\s*(?:{re.escape(key)}|\"{re.escape(key)}\")\s*=")
+    for i in range(start, len(lines)):
+        if pattern.match(lines[i]):
+            return i + 1
+    return 1
+
+
+def _unknown(path: Path, text: str, keys, known, where: str, table: str = "") -> None:
+    import difflib
+
+    for key in keys:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise RuleError(f"{_display(path)}:{_line_of(text, key, table)}: unknown key '{key}' in "
+                            f"{where}{hint}")
+
+
+def _display(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}"
+
+
+def check_schema(path: Path, text: str, data: dict) -> None:
+    """Raise RuleError at the first key or value the schema does not know."""
+    engine = data.get("engine")
+    if engine is not None and engine not in ENGINE_KINDS:
+        raise RuleError(f"{_display(path)}:{_line_of(text, 'engine')}: unknown engine {engine!r} "
+                        f"(one of {', '.join(ENGINE_KINDS)})")
+    _unknown(path, text, data, _TOP_KEYS | _ENGINE_KEYS.get(engine, set()), "the rule")
+    for key in ("summary", "why", "message"):
+        if key in data and not isinstance(data[key], str):
+            raise RuleError(f"{_display(path)}:{_line_of(text, key)}: '{key}' must be a string")
+    for key in ("triggers", "statement_triggers"):
+        if key in data and not (isinstance(data[key], list) and all(isinstance(w, str) for w in data[key])):
+            raise RuleError(f"{_display(path)}:{_line_of(text, key)}: '{key}' must be a list of strings")
+    for target, table in data.get("targets", {}).items():
+        if not isinstance(table, dict):
+            raise RuleError(f"{_display(path)}:{_line_of(text, target)}: targets.{target} must be a table")
+        _unknown(path, text, table, _TARGET_KEYS, f"[targets.{target}]", f"targets.{target}")
+        for name, call in table.get("calls", {}).items():
+            if not isinstance(call, dict):
+                raise RuleError(f"{_display(path)}:{_line_of(text, name)}: targets.{target}.calls.{name} "
+                                f"must be a table")
+            _unknown(path, text, call, _CALL_KEYS, f'[targets.{target}.calls."{name}"]', name)
+        for key in _NAME_TABLES:
+            for name, value in table.get(key, {}).items():
+                if not isinstance(value, str):
+                    raise RuleError(f"{_display(path)}:{_line_of(text, name, key)}: "
+                                    f"targets.{target}.{key}.{name} must be a string")
+    for example in data.get("examples", []):
+        _unknown(path, text, example, _EXAMPLE_KEYS, "[[examples]]")
+
+
 @dataclass(frozen=True)
 class Example:
     before: str
@@ -85,10 +171,12 @@ def rules_dir() -> Path:
 
 
 def _parse(path: Path) -> Rule:
+    text = path.read_text(encoding="utf-8")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise RuleError(f"{path}: {exc}") from exc
+    check_schema(path, text, data)
     missing = [key for key in _REQUIRED if key not in data]
     if missing:
         raise RuleError(f"{path}: missing keys {missing}")

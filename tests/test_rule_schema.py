@@ -1,0 +1,59 @@
+"""The rule files' schema: an unknown key or a wrong type is an error at its file and line."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tpukit.rules import RuleError, _parse, load_rules, rules_dir
+
+
+def _copy_with(tmp_path, name: str, old: str, new: str):
+    source = rules_dir() / name
+    text = source.read_text()
+    assert old in text
+    path = tmp_path / "rules" / name
+    path.parent.mkdir()
+    path.write_text(text.replace(old, new, 1))
+    return path, text.replace(old, new, 1)
+
+
+def test_every_rule_file_in_the_repository_passes_the_schema():
+    assert len(load_rules()) >= 70
+
+
+def test_a_misspelt_call_key_names_its_file_line_and_the_key_it_meant(tmp_path):
+    path, text = _copy_with(tmp_path, "TPU111-cuda-set-device.toml", "\nremove = ", "\nremvoe = ")
+    line = text.splitlines().index(next(l for l in text.splitlines() if l.startswith("remvoe"))) + 1
+    with pytest.raises(RuleError) as exc:
+        _parse(path)
+    assert str(exc.value).startswith(f"rules/TPU111-cuda-set-device.toml:{line}: unknown key 'remvoe'")
+    assert "did you mean 'remove'?" in str(exc.value)
+
+
+def test_a_misspelt_top_level_key(tmp_path):
+    path, _ = _copy_with(tmp_path, "TPU112-cuda-synchronize.toml", "\ntriggers = ", "\ntrigers = ")
+    with pytest.raises(RuleError, match=r"TPU112-cuda-synchronize.toml:11: unknown key 'trigers' in the rule "
+                                        r"\(did you mean 'triggers'\?\)"):
+        _parse(path)
+
+
+def test_a_misspelt_target_key_and_an_example_key(tmp_path):
+    path, _ = _copy_with(tmp_path, "TPU112-cuda-synchronize.toml", "[[examples]]\nbefore", "[[examples]]\nbefor")
+    with pytest.raises(RuleError, match=r"unknown key 'befor' in \[\[examples\]\]"):
+        _parse(path)
+    shutil.rmtree(tmp_path / "rules")
+    path, _ = _copy_with(tmp_path, "TPU303-step-barrier.toml", "[targets.xla]", "[targets.xla]\nsomething = 1")
+    with pytest.raises(RuleError, match=r"unknown key 'something' in \[targets.xla\]"):
+        _parse(path)
+
+
+def test_an_unknown_engine_and_a_wrong_type(tmp_path):
+    path, _ = _copy_with(tmp_path, "TPU112-cuda-synchronize.toml", 'engine = "call-map"', 'engine = "cal-map"')
+    with pytest.raises(RuleError, match=r"TPU112-cuda-synchronize.toml:12: unknown engine 'cal-map'"):
+        _parse(path)
+    shutil.rmtree(tmp_path / "rules")
+    path, _ = _copy_with(tmp_path, "TPU112-cuda-synchronize.toml", 'triggers = ["cuda"]', 'triggers = "cuda"')
+    with pytest.raises(RuleError, match=r":11: 'triggers' must be a list of strings"):
+        _parse(path)
