@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 import pytest
 
@@ -36,15 +37,47 @@ def test_rule_has_code_behind_it_and_docs(rule):
         assert transform_for(rule) is not None, f"{rule.code} has no transform registered"
         assert rule.triggers, "a rule needs prefilter triggers"
         assert rule.examples
-    elif rule.extra["engine"] == "doctor":  # an environment check of `tpukit doctor`
-        checks = (rules_dir().parent / "tpukit" / "doctor" / "checks.py").read_text()
-        assert f'finding("{rule.code}"' in checks
-    elif rule.extra["engine"] == "shell":  # migrate's scan of *.sh files
-        assert f'"{rule.code}"' in (rules_dir().parent / "tpukit" / "migrate" / "shell.py").read_text()
-    else:  # a finding of `tpukit run`
-        assert rule.extra["engine"] == "runner"
-        sources = "".join(p.read_text() for p in (rules_dir().parent / "tpukit" / "run").glob("*.py"))
-        assert f'"{rule.code}"' in sources
+    else:  # an environment check, a shell-script scan, a finding of `tpukit run`, a suppression
+        users = CODE_USES.get(rule.code, set())
+        assert users, f"no code in tpukit/ makes a {rule.code} finding"
+        assert all(p.startswith(ENGINE_HOME[rule.extra["engine"]]) for p in users), (rule.code, users)
+
+
+# Where each non-code engine's findings are made.
+ENGINE_HOME = {"doctor": "tpukit/doctor/", "shell": "tpukit/migrate/shell.py", "runner": "tpukit/run/",
+               "suppress": "tpukit/suppress.py"}
+
+
+def _code_uses() -> dict[str, set[str]]:
+    """Rule codes used as values in tpukit's code (a call's argument, a subscript, an assigned
+    constant), by the files that use them: not in docstrings or comments, which say nothing."""
+    root = rules_dir().parent
+    uses: dict[str, set[str]] = {}
+    for path in sorted((root / "tpukit").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            values = []
+            if isinstance(node, ast.Call):
+                values = [*node.args, *(k.value for k in node.keywords)]
+            elif isinstance(node, ast.Subscript):
+                values = [node.slice]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                values = [node.value]
+            elif isinstance(node, ast.Compare):
+                values = node.comparators
+            for value in values:
+                if isinstance(value, ast.Constant) and isinstance(value.value, str) \
+                        and re.fullmatch(r"TPU\d{3}", value.value):
+                    uses.setdefault(value.value, set()).add(str(path.relative_to(root)))
+    return uses
+
+
+CODE_USES = _code_uses()
+
+
+def test_every_rule_code_the_code_uses_is_a_rule():
+    unknown = {code: sorted(paths) for code, paths in CODE_USES.items() if code not in RULES}
+    assert unknown == {}
 
 
 def test_migrate_runs_only_code_rules():

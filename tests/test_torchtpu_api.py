@@ -2,8 +2,7 @@
 and the two targets' outputs never import each other's backend.
 
 The API list is read from the torch-tpu 0.2.0 wheel (`torch_tpu/_internal/public_api.py`) into
-API.txt. The copy vendored in tests/data is used first, so a clean clone runs this test too;
-../shared/torchtpu/API.txt (where the list is kept up to date) is the fallback.
+API.txt, vendored in tests/data: the test reads nothing outside the repository.
 """
 
 from __future__ import annotations
@@ -19,14 +18,11 @@ from torchtpu_outputs import outputs as outputs_now
 from tpukit.rules import load_rules
 
 VENDORED = ROOT / "tests" / "data" / "torchtpu-API.txt"
-SHARED = ROOT.parent / "shared" / "torchtpu" / "API.txt"
 
 
 def api_file() -> Path:
-    for path in (VENDORED, SHARED):
-        if path.is_file():
-            return path
-    pytest.skip(f"no torch-tpu API list: neither {VENDORED} nor {SHARED} exists")
+    assert VENDORED.is_file(), f"{VENDORED} is part of the repository"
+    return VENDORED
 
 
 class Api:
@@ -133,12 +129,6 @@ def test_checker_accepts_submodule_names_and_eager_mode_members():
         "torch.tpu.EagerMode.LAZY", "torch.tpu.distributed.launch"]
 
 
-def test_vendored_api_list_matches_the_shared_one():
-    if not SHARED.is_file():
-        pytest.skip(f"{SHARED} is absent (a clean clone): the vendored copy is used alone")
-    assert VENDORED.read_text() == SHARED.read_text(), "refresh tests/data/torchtpu-API.txt"
-
-
 def test_torch_tpu_names_tpukit_renames_to_are_public():
     # TPU117 renames torch.cuda.X to torch.tpu.X for the names its table lists.
     api = load_api()
@@ -179,10 +169,3 @@ def test_internal_check_catches_what_it_is_there_to_catch():
         "torch.tpu.device_count", "torch.tpu.synchronize"]
     assert sorted(c.func for c in uses.calls if c.statement) == [
         "torch.tpu.device_count", "torch.tpu.device_of", "torch.tpu.set_eager_mode"]
-
-
-def test_vendored_internal_list_matches_the_shared_one():
-    shared = SHARED.with_name("INTERNAL.txt")
-    if not shared.is_file():
-        pytest.skip(f"{shared} is absent (a clean clone): the vendored copy is used alone")
-    assert INTERNAL.read_text() == shared.read_text(), "refresh tests/data/torchtpu-INTERNAL.txt"
