@@ -185,6 +185,8 @@ def test_sarif_output_validates_against_the_official_schema(tmp_path, run_cli):
     levels = {r["ruleId"]: r["level"] for r in run["results"]}
     # a CUDA device crashes on a TPU VM (error); a cuDNN flag does nothing there (warning)
     assert levels["TPU911"] == levels["TPU101"] == "error" and levels["TPU120"] == "warning"
+    help_uris = {r["id"]: r.get("helpUri") for r in run["tool"]["driver"]["rules"]}
+    assert help_uris["TPU101"].startswith("https://") and all(help_uris.values())
 
 
 def test_sarif_schema_rejects_a_broken_log():

@@ -34,7 +34,7 @@ def test_a_misspelt_call_key_names_its_file_line_and_the_key_it_meant(tmp_path):
 
 def test_a_misspelt_top_level_key(tmp_path):
     path, _ = _copy_with(tmp_path, "TPU112-cuda-synchronize.toml", "\ntriggers = ", "\ntrigers = ")
-    with pytest.raises(RuleError, match=r"TPU112-cuda-synchronize.toml:11: unknown key 'trigers' in the rule "
+    with pytest.raises(RuleError, match=r"TPU112-cuda-synchronize.toml:12: unknown key 'trigers' in the rule "
                                         r"\(did you mean 'triggers'\?\)"):
         _parse(path)
 
@@ -51,9 +51,34 @@ def test_a_misspelt_target_key_and_an_example_key(tmp_path):
 
 def test_an_unknown_engine_and_a_wrong_type(tmp_path):
     path, _ = _copy_with(tmp_path, "TPU112-cuda-synchronize.toml", 'engine = "call-map"', 'engine = "cal-map"')
-    with pytest.raises(RuleError, match=r"TPU112-cuda-synchronize.toml:12: unknown engine 'cal-map'"):
+    with pytest.raises(RuleError, match=r"TPU112-cuda-synchronize.toml:13: unknown engine 'cal-map'"):
         _parse(path)
     shutil.rmtree(tmp_path / "rules")
     path, _ = _copy_with(tmp_path, "TPU112-cuda-synchronize.toml", 'triggers = ["cuda"]', 'triggers = "cuda"')
-    with pytest.raises(RuleError, match=r":11: 'triggers' must be a list of strings"):
+    with pytest.raises(RuleError, match=r":12: 'triggers' must be a list of strings"):
+        _parse(path)
+
+
+def test_every_rule_names_a_public_page_and_sarif_and_explain_link_it():
+    import io
+    import json
+
+    from rich.console import Console
+
+    from tpukit.explain import explain, rules_json
+
+    for rule in load_rules().values():
+        assert rule.reference.startswith("https://"), rule.code
+    rule = load_rules()["TPU303"]
+    out = io.StringIO()
+    explain(rule, Console(file=out, width=200))
+    assert f"Read: {rule.reference}" in out.getvalue()
+    listing = io.StringIO()
+    rules_json([rule], listing)
+    assert json.loads(listing.getvalue())[0]["reference"] == rule.reference
+
+
+def test_a_reference_that_is_not_https_is_refused(tmp_path):
+    path, _ = _copy_with(tmp_path, "TPU112-cuda-synchronize.toml", 'reference = "https://', 'reference = "http://')
+    with pytest.raises(RuleError, match=r"TPU112-cuda-synchronize.toml:6: 'reference' must be an https:// address"):
         _parse(path)

@@ -22,6 +22,7 @@ def rule_dict(rule: Rule) -> dict:
         "fix": rule.fix.value,
         "summary": rule.summary,
         "why": rule.why,
+        "reference": rule.reference,
         "targets": rule.targets,
         "examples": [{"before": e.before, **e.expected} for e in rule.examples],
     }
@@ -73,7 +74,8 @@ def explain(rule: Rule, con: Console) -> None:
     header.append(f"{rule.code} {rule.name}", style="bold")
     header.append(f"  severity={rule.severity.value} fix={rule.fix.value}")
     why = "\n\n".join(" ".join(p.split()) for p in rule.why.split("\n\n"))  # reflow lines
-    parts: list = [header, Text(rule.summary, style="italic"), Text(""), Text(why)]
+    parts: list = [header, Text(rule.summary, style="italic"), Text(""), Text(why), Text(""),
+                   Text(f"Read: {rule.reference}")]
     if not rule.checks_code:
         by = "tpukit doctor" if rule.extra.get("engine") == "doctor" else "tpukit run"
         parts += [Text(""), Text(f"Reported by `{by}`. Fix: {rule.message}")]

@@ -16,7 +16,7 @@ from tpukit.findings import FixKind, Severity
 
 TARGETS = ("xla", "torchtpu")
 _CODE = re.compile(r"^TPU\d{3}$")
-_REQUIRED = ("code", "name", "severity", "fix", "summary", "why")
+_REQUIRED = ("code", "name", "severity", "fix", "summary", "why", "reference")
 # Rules about the environment (doctor), a running script (run), suppression comments or shell
 # scripts (migrate's scan of *.sh files), not about Python source code.
 NON_CODE_ENGINES = ("doctor", "runner", "shell", "suppress")
@@ -88,9 +88,12 @@ def check_schema(path: Path, text: str, data: dict) -> None:
         raise RuleError(f"{_display(path)}:{_line_of(text, 'engine')}: unknown engine {engine!r} "
                         f"(one of {', '.join(ENGINE_KINDS)})")
     _unknown(path, text, data, _TOP_KEYS | _ENGINE_KEYS.get(engine, set()), "the rule")
-    for key in ("summary", "why", "message"):
+    for key in ("summary", "why", "message", "reference"):
         if key in data and not isinstance(data[key], str):
             raise RuleError(f"{_display(path)}:{_line_of(text, key)}: '{key}' must be a string")
+    if not str(data.get("reference", "https://")).startswith("https://"):
+        raise RuleError(f"{_display(path)}:{_line_of(text, 'reference')}: 'reference' must be an "
+                        f"https:// address")
     for key in ("triggers", "statement_triggers"):
         if key in data and not (isinstance(data[key], list) and all(isinstance(w, str) for w in data[key])):
             raise RuleError(f"{_display(path)}:{_line_of(text, key)}: '{key}' must be a list of strings")
@@ -132,6 +135,7 @@ class Rule:
     fix: FixKind
     summary: str
     why: str
+    reference: str  # the public page to read on the rule's subject (SARIF helpUri)
     triggers: tuple[str, ...]  # a file without any of these is not parsed
     targets: dict[str, dict]
     examples: tuple[Example, ...]
@@ -214,6 +218,7 @@ def _parse(path: Path) -> Rule:
         fix=fix,
         summary=data["summary"].strip(),
         why=data["why"].strip(),
+        reference=data["reference"],
         triggers=tuple(data.get("triggers", ("cuda",) if code_rule else ())),
         targets=targets,
         examples=tuple(examples),

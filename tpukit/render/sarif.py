@@ -35,7 +35,8 @@ def as_sarif(report) -> dict:
                 name=rule.name,
                 shortDescription={"text": rule.summary},
                 fullDescription={"text": rule.why},
-                help={"text": f"{rule.why}\n\nRun `tpukit rules {code}` for examples."},
+                help={"text": f"{rule.why}\n\nRun `tpukit rules {code}` for examples; read {rule.reference}."},
+                helpUri=rule.reference,
                 defaultConfiguration={"level": LEVEL[rule.severity]},
                 properties={"fix": rule.fix.value},
             )
