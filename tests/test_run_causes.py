@@ -1,0 +1,55 @@
+"""`tpukit run` on XLA:CPU, one cause per fixture (issue 15's list, beyond tests/test_run.py):
+a CPU fallback inside a model module, and DDP's gradient accumulation that skips the all-reduce
+on micro-steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from conftest import FIXTURES, tpukit_executable
+
+pytest.importorskip("torch_xla")
+
+RUN = FIXTURES / "run"
+
+
+def line_of(path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def _run(tmp_path, script: str, *options) -> dict:
+    out = tmp_path / "report.json"
+    proc = subprocess.run([tpukit_executable(), "run", "--json", str(out), *options, str(RUN / script)],
+                          env={**os.environ, "NO_COLOR": "1", "PJRT_DEVICE": "CPU"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())
+
+
+def test_a_fallback_inside_a_module_is_named_at_the_forward_line_that_called_it(tmp_path):
+    report = _run(tmp_path, "embedding_bag.py")
+    script = RUN / "embedding_bag.py"
+    (bag,) = [f for f in report["findings"] if f["code"] == "TPU702"
+              and f["extra"]["op"] == "aten::_embedding_bag"]
+    # the user's forward, where the module's op ran: not 1:1, not torch's own files
+    assert (bag["path"], bag["line"]) == (str(script), line_of(script, "self.bag(ids, offsets)"))
+    assert bag["extra"]["per_step"] == 1.0 and "nn.Embedding" in bag["message"]
+    (backward,) = [f for f in report["findings"] if f["code"] == "TPU702"
+                   and f["extra"]["op"] == "aten::_embedding_bag_backward"]
+    assert backward["line"] == line_of(script, "loss.backward()")
+
+
+def test_ddp_gradient_accumulation_counts_optimizer_steps_and_compiles_each_graph_once(tmp_path):
+    report = _run(tmp_path, "ddp_no_sync.py")
+    summary = report["summary"]
+    records = [r for r in summary["step_records"] if r["complete"]]
+    assert summary["steps"] == 6 and len(records) == 6
+    assert [r["micro_steps"] for r in records] == [2] * 6
+    assert [r["optimizer_steps"] for r in records] == [1] * 6
+    # the micro-step without the all-reduce and the one with it: two graphs from one line, each
+    # compiled once; after DDP's own warm-up (its reducer rebuilds buckets) nothing recompiles
+    assert all(r["compiles"] == 0 for r in records[3:])
+    assert not [f for f in report["findings"] if f["code"] == "TPU701" and "warmup_steps" not in f["extra"]]
