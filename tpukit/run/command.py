@@ -30,8 +30,6 @@ from tpukit.render import Format, Report, render
 STOPPED = ("error", "exit", "interrupted", "terminated")
 
 
-
-
 @dataclass
 class RunRequest:
     script: str | None
