@@ -9,8 +9,10 @@ from pathlib import Path
 
 from tpukit.findings import Finding, FixKind, Location, Severity
 from tpukit.rules import load_rules
-from tpukit.run.probe import Probe, Step, is_user_file
+from tpukit.run.frames import is_user_file
+from tpukit.run.probe import Probe
 from tpukit.run.shapes import describe, diff
+from tpukit.run.steps import Step
 
 SCALAR_READ_OP = "aten::_local_scalar_dense"  # `.item()`: reported as a host sync (TPU703)
 FAIL_ON = ("recompile", "fallback", "sync")

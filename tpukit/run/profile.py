@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from tpukit.run.probe import StepListener
+from tpukit.run.steps import StepListener
 
 DEFAULT_STEPS = 3
 
