@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpukit.findings import Finding, FixKind, Location, Severity
 from tpukit.rules import load_rules
 from tpukit.run.frames import is_user_file
 from tpukit.run.probe import Probe
+from tpukit.run.summary import StepStats
 from tpukit.run.shapes import describe, diff
 from tpukit.run.steps import Step
 
@@ -18,23 +19,32 @@ SCALAR_READ_OP = "aten::_local_scalar_dense"  # `.item()`: reported as a host sy
 FAIL_ON = ("recompile", "fallback", "sync")
 SETTLED = 3  # quiet steps after a loop's last compile that show its warm-up is over
 DDP = "DistributedDataParallel"
-_KIND_CODE = {"recompile": "TPU701", "fallback": "TPU702", "sync": "TPU703"}
+
+
+@dataclass
+class RunFinding(Finding):
+    """A finding of the run's analysis, with the --fail-on kind it counts as (one of FAIL_ON;
+    None: it never fails the run, e.g. a long warm-up's recompile, a read outside the hot
+    loop, advice)."""
+
+    fails_on: str | None = None
+
+
+@dataclass
+class Recompiles:
+    findings: list[RunFinding]
+    long_warmup_steps: set[int] = field(default_factory=set)  # compiled in a loop's long warm-up
 
 
 @dataclass
 class Analysis:
-    summary: dict
-    findings: list[Finding]
+    stats: StepStats
+    findings: list[RunFinding]
     loops: Loops
 
     def failures(self, fail_on: list[str]) -> list[str]:
-        """The --fail-on kinds that occurred (sync counts only in the hot loop: warnings)."""
-        hit = []
-        for kind in fail_on:
-            code = _KIND_CODE[kind]
-            if any(f.code == code and f.severity is Severity.WARNING for f in self.findings):
-                hit.append(kind)
-        return hit
+        """The --fail-on kinds that occurred."""
+        return [kind for kind in fail_on if any(f.fails_on == kind for f in self.findings)]
 
 
 class Loops:
@@ -85,9 +95,10 @@ class Loops:
 
 
 def finding(code: str, message: str, where: tuple[str, int], severity: Severity | None = None,
-             **extra) -> Finding:
-    return Finding.from_rule(load_rules()[code], Location(where[0], where[1]), message,
-                             severity=severity, fix=FixKind.NONE, extra=extra)
+            fails_on: str | None = None, **extra) -> RunFinding:
+    return RunFinding.from_rule(load_rules()[code], Location(where[0], where[1]), message,
+                                severity=severity, fix=FixKind.NONE, extra=extra,
+                                fails_on=fails_on)
 
 
 def _graph_line(event) -> tuple[str, int] | None:
@@ -104,16 +115,18 @@ def _short(graph_hash: str) -> str:
 def recompile_findings(steps: list[Step], loops: Loops, script: str,
                        fallback_lines: dict | None = None,
                        models: set[str] | None = None,
-                       graphs: dict | None = None) -> list[Finding]:
+                       graphs: dict | None = None) -> Recompiles:
     """`models`: the class names of the outermost modules the steps called; `graphs`: the HLO
     of each graph by hash (--explain-graphs), to say what differs when no shape did."""
     by_index = {s.index: s for s in steps}
     history: list[tuple[tuple[str, int] | None, str, int]] = []  # (line, hash, step) in order
-    findings = []
+    found = Recompiles([])
+    findings = found.findings
     for step in steps:
         compiled = [g for g in step.graphs if g.kind == "compile"]
         per_compile = step.compile_s / max(step.compiles, len(compiled), 1)
-        causes: dict[tuple, list] = {}  # (severity, what caused it) -> [(event, where, extra)]
+        # (severity, --fail-on kind, what caused it) -> [(event, where, extra)]
+        causes: dict[tuple, list] = {}
         for event in step.graphs:
             line = _graph_line(event)
             if event.kind == "compile" and loops.steady(step):
@@ -122,25 +135,27 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
                 previous, previous_hash = next(
                     ((s, h) for l, h, s in reversed(history)
                      if l == line and h != event.graph_hash and s != step.index), (None, None))
-                severity, cause, extra = _recompile(
+                severity, fails_on, cause, extra = _recompile(
                     step, event, by_index.get(previous), per_compile, fallback_lines or {},
                     loops, DDP in (models or ()))
                 where = line or step.boundary_at or (script, 1)
                 if graphs and previous is not None and not extra["changes"] and severity is None:
                     cause, where = _graph_difference(cause, extra, where, graphs,
                                                      previous_hash, event.graph_hash)
-                causes.setdefault((severity, cause), []).append((event, where, extra))
+                if fails_on is None:
+                    found.long_warmup_steps.add(step.index)
+                causes.setdefault((severity, fails_on, cause), []).append((event, where, extra))
             history.append((line, event.graph_hash, step.index))
         # One cause, one finding: a ragged last batch recompiles every graph of its step.
-        findings += [_cause_finding(step, severity, cause, graphs, len(compiled))
-                     for (severity, cause), graphs in causes.items()]
+        findings += [_cause_finding(step, severity, fails_on, cause, graphs, len(compiled))
+                     for (severity, fails_on, cause), graphs in causes.items()]
         findings += _unbarriered(step, graphs or {}, script)
         if not step.graphs and step.compiles and loops.steady(step):  # no debug log to read
             findings.append(finding(
                 "TPU701", f"step {step.index}: XLA compiled {step.compiles} new graph(s) "
                 f"({step.compile_s:.2f} s) after warm-up", step.boundary_at or (script, 1),
-                step=step.index, compile_s=step.compile_s))
-    return findings
+                fails_on="recompile", step=step.index, compile_s=step.compile_s))
+    return found
 
 
 GROWING = 3  # distinct graphs from one line within one step: a loop that nothing ends
@@ -176,14 +191,14 @@ def _unbarriered(step: Step, graphs: dict, script: str) -> list[Finding]:
                    "nothing ends the loop's iterations, so each one's graph carries the ops still "
                    "pending from the one before (an update that is never materialised). Fix: "
                    f"add `torch_xla.sync()` {end}")
-        findings.append(finding("TPU701", message, where, step=step.index,
+        findings.append(finding("TPU701", message, where, fails_on="recompile", step=step.index,
                                 compile_s=round(step.compile_s, 6), graphs=hashes,
                                 kind="no-barrier", sizes=sizes))
     return findings
 
 
-def _cause_finding(step: Step, severity: Severity | None, cause: str, graphs: list,
-                   compiled: int) -> Finding:
+def _cause_finding(step: Step, severity: Severity | None, fails_on: str | None, cause: str,
+                   graphs: list, compiled: int) -> RunFinding:
     """The finding for the graphs of one step that one cause recompiled: at the first one's
     line, naming the others' lines, with the time they cost."""
     (first, where, extra), others = graphs[0], graphs[1:]
@@ -193,7 +208,7 @@ def _cause_finding(step: Step, severity: Severity | None, cause: str, graphs: li
                 f"one of {compiled} graphs compiled in this step, {step.compile_s:.2f} s in all")
         head = (f"step {step.index}: XLA compiled a new graph (hash {_short(first.graph_hash)}, "
                 f"{took}) materialising tensors at this line")
-        return finding("TPU701", head + cause, where, severity, **extra)
+        return finding("TPU701", head + cause, where, severity, fails_on, **extra)
     lines = sorted({w for _, w, _ in others if w != where})
     at = ("this line" + (" and " + ", ".join(f"{Path(p).name}:{n}" for p, n in lines)
                          if lines else ""))
@@ -205,12 +220,14 @@ def _cause_finding(step: Step, severity: Severity | None, cause: str, graphs: li
     extra = {**extra, "compile_s": round(sum(x["compile_s"] for _, _, x in graphs), 6),
              "graphs": [{"graph_hash": e.graph_hash, "path": w[0], "line": w[1]}
                         for e, w, _ in graphs]}
-    return finding("TPU701", head + cause, where, severity, **extra)
+    return finding("TPU701", head + cause, where, severity, fails_on, **extra)
 
 
 def _recompile(step: Step, event, previous: Step | None, compile_s: float,
-               fallback_lines: dict, loops: Loops, ddp: bool) -> tuple[Severity | None, str, dict]:
-    """(severity (None: the rule's), the cause said after the finding's head, extra) of one
+               fallback_lines: dict, loops: Loops,
+               ddp: bool) -> tuple[Severity | None, str | None, str, dict]:
+    """(severity (None: the rule's), the --fail-on kind (None: a long warm-up, which
+    --fail-on recompile ignores), the cause said after the finding's head, extra) of one
     recompiled graph."""
     extra = {"step": step.index, "graph_hash": event.graph_hash, "compile_s": round(compile_s, 6),
              "cause": event.cause, "changes": [], "previous_step": None}
@@ -229,12 +246,12 @@ def _recompile(step: Step, event, previous: Step | None, compile_s: float,
                    f"a recurring recompile.{cause} `--warmup {settled}` counts these steps as "
                    "warm-up")
         extra.update(previous_step=previous.index if previous else None, warmup_steps=settled)
-        return Severity.INFO, message, extra
+        return Severity.INFO, None, message, extra
     if previous is None:
         message = ("; it is the first graph from this line. Expected if this code runs "
                    "once (evaluation, a checkpoint); if it repeats, raise --warmup or look at why "
                    "the graph is new")
-        return None, message, extra
+        return None, "recompile", message, extra
     for change in changes:
         origin = step.origins.get(change["name"])
         change["line"] = origin[1] if origin else None
@@ -251,7 +268,7 @@ def _recompile(step: Step, event, previous: Step | None, compile_s: float,
                         "step-dependent branch, an `.item()` fed back into tensors) and make them "
                         "tensors; `tpukit run --explain-graphs` names the instruction and the "
                         "line that differ")
-        return None, message, extra
+        return None, "recompile", message, extra
     what = "; ".join(describe(c) for c in changes)
     message = f"; changed since step {previous.index}: {what}. Fix: {_shape_fix(changes)}"
     if step.collate and not all(c["dims"] == [0] for c in changes):
@@ -259,7 +276,7 @@ def _recompile(step: Step, event, previous: Step | None, compile_s: float,
         message += (f"; the batches are made by the loader's collate_fn `{name}` "
                     f"({Path(path).name}:{line}): pad there")
         extra["collate"] = {"name": name, "path": path, "line": line}
-    return None, message, extra
+    return None, "recompile", message, extra
 
 
 def _graph_difference(cause: str, extra: dict, where, graphs: dict, before: str,
@@ -312,7 +329,8 @@ def _shape_fix(changes: list[dict]) -> str:
             "XLA compiles one graph per bucket instead of one per size")
 
 
-def fallback_findings(probe: Probe, steps: list[Step], loops: Loops, script: str) -> list[Finding]:
+def fallback_findings(probe: Probe, steps: list[Step], loops: Loops,
+                      script: str) -> list[RunFinding]:
     fixes = load_rules()["TPU702"].extra.get("fixes", {})
     totals: Counter = Counter()
     steady: Counter = Counter()
@@ -337,15 +355,17 @@ def fallback_findings(probe: Probe, steps: list[Step], loops: Loops, script: str
         if not lines:
             findings.append(finding(
                 "TPU702", f"`{op}` ran on the CPU {what}: {effect}. Fix: {fix} (the calling line "
-                "was not seen: it ran only outside the traced steps)", (script, 1), **extra))
+                "was not seen: it ran only outside the traced steps)", (script, 1),
+                fails_on="fallback", **extra))
         for where, calls in lines:
             share = f"; this line is one of {len(lines)} calling it" if len(lines) > 1 else ""
             message = f"`{op}` ran on the CPU {what}{share}: {effect}. Fix: {fix}"
-            findings.append(finding("TPU702", message, where, traced_calls=calls, **extra))
+            findings.append(finding("TPU702", message, where, fails_on="fallback",
+                                    traced_calls=calls, **extra))
     return findings
 
 
-def sync_findings(steps: list[Step], loops: Loops) -> list[Finding]:
+def sync_findings(steps: list[Step], loops: Loops) -> list[RunFinding]:
     fixes = load_rules()["TPU703"].extra.get("fixes", {})
     per_line: dict[tuple[str, int], dict] = {}
     for step in steps:
@@ -376,7 +396,8 @@ def sync_findings(steps: list[Step], loops: Loops) -> list[Finding]:
                    f"waits for the device{' every step' if hot else ''}. "
                    f"Fix: {fixes.get(method, 'read it outside the step')}")
         findings.append(finding(
-            "TPU703", message, where, None if hot else Severity.INFO, method=method,
+            "TPU703", message, where, None if hot else Severity.INFO,
+            "sync" if hot else None, method=method,
             count=entry["count"], per_step=round(rate, 4), bytes=entry["bytes"],
             wait_s=round(entry["wait_s"], 6), steps=sorted(entry["steps"])[:50]))
     return findings
@@ -398,39 +419,40 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
     loops = Loops(steps, warmup)
     compiles = [g for s in steps for g in s.graphs if g.kind == "compile"]
     dump = probe.graph_dump
-    findings = by_cost(recompile_findings(steps, loops, script, probe.fallback_lines, probe.models,
-                                          dump.graphs if dump is not None else None)
-                       + fallback_findings(probe, steps, loops, script) + sync_findings(steps, loops))
+    recompiles = recompile_findings(steps, loops, script, probe.fallback_lines, probe.models,
+                                    dump.graphs if dump is not None else None)
+    findings = by_cost(recompiles.findings + fallback_findings(probe, steps, loops, script)
+                       + sync_findings(steps, loops))
     fallback_total = sum(n for s in steps for op, n in s.fallbacks.items() if op != SCALAR_READ_OP)
-    long_warmup = {f.extra["step"] for f in findings if "warmup_steps" in f.extra}
+    long_warmup = recompiles.long_warmup_steps
     main = loops.main()
     main_steady = loops.steady_of(main) if main else []
-    summary = {
-        "steps": sum(s.complete for s in steps),
-        "warmup": warmup,
-        "steady_steps": sum(1 for s in steps if loops.steady(s)),
-        "step_time_median_s": _median(main_steady),
-        "main_loop": _where(main),
-        "loops": [
+    stats = StepStats(
+        steps=sum(s.complete for s in steps),
+        warmup=warmup,
+        steady_steps=sum(1 for s in steps if loops.steady(s)),
+        step_time_median_s=_median(main_steady),
+        main_loop=_where(main),
+        loops=[
             {**_where(key), "steps": len(members), "steady_steps": len(loops.steady_of(key)),
              "step_time_median_s": _median(loops.steady_of(key))}
             for key, members in sorted(loops.members.items(), key=lambda kv: -len(kv[1]))
             if any(s.complete for s in members)
         ],
-        "compiles": sum(s.compiles for s in steps),
-        "compile_s": round(sum(s.compile_s for s in steps), 6),
-        "distinct_graphs": len({g.graph_hash for g in compiles}) if compiles
+        compiles=sum(s.compiles for s in steps),
+        compile_s=round(sum(s.compile_s for s in steps), 6),
+        distinct_graphs=len({g.graph_hash for g in compiles}) if compiles
         else sum(s.compiles for s in steps),
-        "recompiles_after_warmup": sum(s.compiles for s in steps if loops.steady(s)),
-        "recompiles_in_long_warmup": sum(s.compiles for s in steps if s.index in long_warmup),
-        "fallbacks": fallback_total,
-        "host_syncs": sum(len(s.reads) for s in steps),
-        "host_wait_s": round(sum(r.wait_s for s in steps for r in s.reads), 6),
-        "host_transfers": sum(s.transfers for s in steps),
-        "stopped_early": probe.stopped_early,
-        "step_records": [{**s.to_dict(), "warmup": not loops.steady(s)} for s in steps],
-    }
-    return Analysis(summary, findings, loops)
+        recompiles_after_warmup=sum(s.compiles for s in steps if loops.steady(s)),
+        recompiles_in_long_warmup=sum(s.compiles for s in steps if s.index in long_warmup),
+        fallbacks=fallback_total,
+        host_syncs=sum(len(s.reads) for s in steps),
+        host_wait_s=round(sum(r.wait_s for s in steps for r in s.reads), 6),
+        host_transfers=sum(s.transfers for s in steps),
+        stopped_early=probe.stopped_early,
+        step_records=[{**s.to_dict(), "warmup": not loops.steady(s)} for s in steps],
+    )
+    return Analysis(stats, findings, loops)
 
 
 def _median(steps: list[Step]) -> float | None:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 
 from tpukit.run.frames import user_frame
-from tpukit.run.patches import Patch
+from tpukit.run.patches.base import Patch
 
 
 class SyncPatch(Patch):

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from tpukit.run.frames import user_frame
-from tpukit.run.patches import Patch
+from tpukit.run.patches.base import Patch
 from tpukit.run.steps import HostRead
 
 # `__format__`: an f-string or str.format of a tensor (`f"{loss:.3f}"`, a meter's `{val:6.2f}`)

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 
 from tpukit.run.frames import user_frame, user_function
-from tpukit.run.patches import Patch
+from tpukit.run.patches.base import Patch
 
 
 class BatchPatch(Patch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from tpukit.run.patches import Patch
+from tpukit.run.patches.base import Patch
 
 
 class BackwardPatch(Patch):
