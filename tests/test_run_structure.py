@@ -12,7 +12,8 @@ from pathlib import Path
 import jsonschema
 
 from tpukit.findings import Severity
-from tpukit.run.analysis import analyse, finding
+from tpukit.run.analysis import Loops, analyse, finding, recompile_findings
+from tpukit.run.debuglog import GraphEvent
 from tpukit.run.probe import HostRead, Probe, Step
 from tpukit.run.summary import RunSummary, StepStats, json_schema
 
@@ -162,18 +163,30 @@ def test_a_summary_validates_against_its_schema_and_is_flat():
     assert "stats" not in data
 
 
-def test_a_long_warm_up_is_counted_from_the_analysis_not_a_findings_extra():
-    steps = [Step(i, start=float(i), end=i + 0.5, compiles=int(i <= 4)) for i in range(1, 9)]
-    for step in steps:
-        step.boundary_at = ("train.py", 40)
-    from tpukit.run.analysis import Loops, recompile_findings
+def _compiling(index: int) -> Step:
+    step = Step(index, start=float(index), end=index + 0.5, compiles=int(index <= 4))
+    step.boundary_at = ("train.py", 40)
+    if step.compiles:
+        step.graphs = [GraphEvent("compile", f"hash{index}", frames=[("f", "/tmp/train.py", 56)])]
+    return step
 
+
+def test_a_long_warm_up_is_a_typed_set_of_steps_and_fails_nothing():
+    # every step up to the 4th compiled, none of the 4 after: a long warm-up (--warmup 2)
+    steps = [_compiling(i) for i in range(1, 9)]
     found = recompile_findings(steps, Loops(steps, 2), "train.py")
-    assert found.long_warmup_steps == set()  # no debug log: no graph to call a long warm-up
+    assert found.long_warmup_steps == {3, 4}
+    assert [f.fails_on for f in found.findings] == [None, None]
+    steps[6] = _compiling(7)
+    steps[6].compiles = 1  # a compile again at step 7: no warm-up, a recompile each time
+    steps[6].graphs = [GraphEvent("compile", "hash7", frames=[("f", "/tmp/train.py", 56)])]
+    found = recompile_findings(steps, Loops(steps, 2), "train.py")
+    assert found.long_warmup_steps == set()
+    assert {f.fails_on for f in found.findings} == {"recompile"}
 
 
 def test_the_fail_on_kind_is_its_own_attribute_not_the_severity():
     quiet = finding("TPU703", "read", ("train.py", 3), Severity.INFO, fails_on="sync")
     loud = finding("TPU703", "read", ("train.py", 4))
     assert quiet.fails_on == "sync" and loud.fails_on is None
-    assert quiet.to_dict() == {**quiet.to_dict()} and "fails_on" not in quiet.to_dict()
+    assert "fails_on" not in quiet.to_dict()  # the JSON report is unchanged
