@@ -12,9 +12,12 @@ from pathlib import Path
 import jsonschema
 
 from tpukit.findings import Severity
-from tpukit.run.analysis import Loops, analyse, finding, recompile_findings
+from tpukit.run.analysis import analyse
 from tpukit.run.debuglog import GraphEvent
+from tpukit.run.loops import Loops
 from tpukit.run.probe import HostRead, Probe, Step
+from tpukit.run.recompiles import recompile_findings
+from tpukit.run.run_finding import finding
 from tpukit.run.summary import RunSummary, StepStats, json_schema
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -225,7 +225,7 @@ def run(
 ) -> None:
     """Run a script on the TPU (XLA:CPU without one) and explain its recompiles, CPU fallbacks
     and host syncs, step by step."""
-    from tpukit.run.analysis import FAIL_ON
+    from tpukit.run.run_finding import FAIL_ON
     from tpukit.errors import UsageError
     from tpukit.run.command import RunRequest, run_command
 

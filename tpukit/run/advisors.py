@@ -8,7 +8,8 @@ from collections import Counter
 
 from tpukit.buckets import optimal_buckets, padding_overhead
 from tpukit.findings import Finding
-from tpukit.run.analysis import Loops, finding
+from tpukit.run.loops import Loops
+from tpukit.run.run_finding import finding
 from tpukit.run.attention import SDPA, AttentionSite
 from tpukit.run.frames import is_user_file
 from tpukit.run.steps import Step
