@@ -98,7 +98,7 @@ def test_compiles_without_a_debug_log_still_give_a_recompile_finding():
     analysis = analyse(_probe_with(steps), warmup=2, script="train.py")
     (finding,) = [f for f in analysis.findings if f.code == "TPU701"]
     assert finding.extra["step"] == 3 and finding.location.line == 40
-    assert analysis.summary["recompiles_after_warmup"] == 1
+    assert analysis.stats.recompiles_after_warmup == 1
 
 
 def test_a_read_in_every_step_is_a_warning_and_a_rare_one_is_info():
@@ -116,7 +116,7 @@ def test_fail_on_names_only_what_happened():
     steps = [_step(i) for i in range(1, 5)]
     analysis = analyse(_probe_with(steps), warmup=2, script="train.py")
     assert analysis.failures(["recompile", "fallback", "sync"]) == []
-    assert analysis.summary["steps"] == 4 and analysis.summary["steady_steps"] == 2
+    assert analysis.stats.steps == 4 and analysis.stats.steady_steps == 2
 
 
 def test_an_explicit_pjrt_device_wins():
@@ -167,8 +167,8 @@ def test_compiles_that_stop_after_the_first_steps_are_a_long_warm_up_at_info():
     assert "DistributedDataParallel does this" in found[0].message
     assert "`--warmup 4`" in found[0].message
     assert analysis.failures(["recompile"]) == []
-    assert analysis.summary["recompiles_after_warmup"] == 2  # still counted: they happened
-    assert analysis.summary["recompiles_in_long_warmup"] == 2
+    assert analysis.stats.recompiles_after_warmup == 2  # still counted: they happened
+    assert analysis.stats.recompiles_in_long_warmup == 2
     plain, _ = _recompiles(steps)
     assert "DistributedDataParallel" not in plain[0].message and plain[0].severity is Severity.INFO
 
@@ -184,7 +184,7 @@ def test_compiles_that_do_not_settle_stay_warnings(pattern):
     assert found and all(f.severity is Severity.WARNING for f in found)
     assert not any("warm-up longer" in f.message for f in found)
     assert analysis.failures(["recompile"]) == ["recompile"]
-    assert analysis.summary["recompiles_in_long_warmup"] == 0
+    assert analysis.stats.recompiles_in_long_warmup == 0
 
 
 def test_compiles_from_data_dependent_fallbacks_are_not_called_warm_up():
@@ -194,7 +194,7 @@ def test_compiles_from_data_dependent_fallbacks_are_not_called_warm_up():
     found, analysis = _recompiles(steps)
     assert found and all(f.severity is Severity.WARNING for f in found)
     assert all("aten::nonzero" in f.message for f in found)
-    assert analysis.summary["recompiles_in_long_warmup"] == 0
+    assert analysis.stats.recompiles_in_long_warmup == 0
 
 
 def test_two_graphs_of_one_step_are_not_compared_with_each_other():
@@ -227,7 +227,7 @@ def test_a_ragged_last_batch_that_recompiles_every_graph_of_its_step_is_one_find
     assert "at this line and train.py:61, train.py:70" in found.message
     assert "[64, 10] -> [40, 10]" in found.message and "drop_last" in found.message
     assert [(g["line"]) for g in found.extra["graphs"]] == [56, 61, 70]
-    assert analysis.summary["recompiles_after_warmup"] == 3
+    assert analysis.stats.recompiles_after_warmup == 3
 
 
 def test_a_shape_change_in_a_long_warm_up_is_still_named():
@@ -299,5 +299,5 @@ def test_findings_are_ordered_by_what_they_cost():
     analysis = analyse(_probe_with(steps), warmup=2, script="train.py")
     assert [f.code for f in analysis.findings][:2] == ["TPU703", "TPU701"]
     assert analysis.findings[0].extra["wait_s"] == 3.0 and "3.00 s waiting" in analysis.findings[0].message
-    assert analysis.summary["host_wait_s"] == 3.0
+    assert analysis.stats.host_wait_s == 3.0
     assert [f.code for f in analysis.findings].index("TPU702") == 2

@@ -225,7 +225,7 @@ def run(
 ) -> None:
     """Run a script on the TPU (XLA:CPU without one) and explain its recompiles, CPU fallbacks
     and host syncs, step by step."""
-    from tpukit.run.analysis import FAIL_ON
+    from tpukit.run.run_finding import FAIL_ON
     from tpukit.errors import UsageError
     from tpukit.run.command import RunRequest, run_command
 
@@ -297,14 +297,14 @@ def report(
     if html is not None:
         if saved.command != "run":
             fail(f"{path}: --html renders a run report; this one is {saved.command!r}")
-        from tpukit.run.html import HtmlUnavailable, write_html
+        from tpukit.render.html import HtmlUnavailable, write_html
 
         try:
             write_html(html, saved)
         except HtmlUnavailable as exc:
             fail(str(exc))
     if fmt is Format.TEXT and saved.command == "run" and "steps" in saved.summary:
-        from tpukit.run.command import print_summary
+        from tpukit.render.run_summary import print_summary
 
         print_summary(saved.summary, sys.stdout)
     render(saved, fmt, sys.stdout, sys.stderr)

@@ -1,10 +1,12 @@
-"""Renderers: one list of findings, four formats (text, json, sarif, github)."""
+"""Renderers: one list of findings, four formats (text, json, sarif, github); a run's summary
+also as a table (run_summary) and HTML (html). No renderer imports a command (tpukit.run.command,
+tpukit.migrate.command, ...): the commands import the renderers."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TextIO
+from typing import Any, TextIO
 
 from tpukit.findings import FileError, Finding
 
@@ -23,12 +25,18 @@ class Report:
     command: str
     findings: list[Finding]
     errors: list[FileError] = field(default_factory=list)
-    summary: dict = field(default_factory=dict)
+    # The JSON `summary` object, or what makes it (`to_dict()`: a run's RunSummary).
+    summary: Any = field(default_factory=dict)
     summary_line: str = ""
     # Text output only: findings whose fix was applied are listed too.
     show_applied: bool = True
     # Text output only: the source line under each finding (the run report).
     excerpts: bool = False
+
+
+def summary_dict(summary: Any) -> dict:
+    """A report's summary as the JSON object."""
+    return summary.to_dict() if hasattr(summary, "to_dict") else summary
 
 
 def render(report: Report, fmt: Format, out: TextIO, err: TextIO) -> None:

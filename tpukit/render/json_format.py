@@ -1,4 +1,5 @@
-"""The JSON report: a stable, documented schema (docs/json-schema.md).
+"""The JSON report: a stable, documented schema (docs/json.md; a run's `summary`:
+docs/run-summary.schema.json, made from tpukit.run.summary).
 
 {"schema_version": 1, "tool": {"name", "version"}, "command": "migrate",
  "summary": {...}, "findings": [Finding.to_dict()], "errors": [{"path", "line", "col", "message"}]}
@@ -10,6 +11,7 @@ import json
 from typing import TextIO
 
 from tpukit import __version__
+from tpukit.render import summary_dict
 
 SCHEMA_VERSION = 1
 
@@ -19,7 +21,7 @@ def as_dict(report) -> dict:
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "tpukit", "version": __version__},
         "command": report.command,
-        "summary": report.summary,
+        "summary": summary_dict(report.summary),
         "findings": [f.to_dict() for f in report.findings],
         "errors": [
             {"path": e.path, "line": e.line, "col": e.col, "message": e.message}

@@ -47,7 +47,7 @@ def summary_line(command: str, summary: dict) -> str:
     """A run's summary line, made again from its summary; other commands' lines are not saved
     in their JSON, so none is shown."""
     if command == "run" and "steps" in summary:
-        from tpukit.run.command import summary_line as run_line
+        from tpukit.render.run_summary import summary_line as run_line
 
         return run_line(summary)
     return ""

@@ -8,9 +8,11 @@ from collections import Counter
 
 from tpukit.buckets import optimal_buckets, padding_overhead
 from tpukit.findings import Finding
-from tpukit.run.analysis import Loops, finding
+from tpukit.run.loops import Loops
+from tpukit.run.run_finding import finding
 from tpukit.run.attention import SDPA, AttentionSite
-from tpukit.run.probe import Step, is_user_file
+from tpukit.run.frames import is_user_file
+from tpukit.run.steps import Step
 
 # Width of the matrix unit (MXU) per TPU generation.
 MXU_WIDTH = {"v2": 128, "v3": 128, "v4": 128, "v5e": 128, "v5p": 128, "v6e": 256, "v7": 256}

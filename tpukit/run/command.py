@@ -19,17 +19,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from tpukit.errors import UsageError
 from tpukit.findings import Finding, FixKind, Location
 from tpukit.render import Format, Report, render
+from tpukit.render.run_summary import print_profile, print_summary, summary_line
 
 # Outcomes whose exit code is the run's: the script's own, or the signal's (130, 143).
 STOPPED = ("error", "exit", "interrupted", "terminated")
-
-
 
 
 @dataclass
@@ -202,10 +198,10 @@ def run_command(request: RunRequest) -> int:
             dump.read_new()
             dump.remove()
     report, failed = _report(request, probe, display, outcome, wall, cuda, profiler=profiler)
-    summary = report.summary
+    summary = report.summary.to_dict()
     _emit(request, report, lambda: print_summary(summary, sys.stderr))
     if summary["profile"] is not None:
-        _print_profile(summary["profile"], sys.stderr)
+        print_profile(summary["profile"], sys.stderr)
     if request.html is not None:
         print(f"tpukit: HTML report: {request.html}", file=sys.stderr)
     # Stopped mid-loop by --max-steps, the script's loaders and the runtime may still have
@@ -223,39 +219,43 @@ def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda
     """The run's report and the --fail-on kinds it fails on; `partial`: while the script still
     runs (what --json holds until the run ends)."""
     from tpukit.run.analysis import analyse
+    from tpukit.run.summary import RunSummary
 
     analysis = analyse(probe, request.warmup, request.script or request.module)
     sites = probe.attention.best()
     advice = _advice(request, probe, analysis, sites)
-    summary = {
-        "script": display,
-        "args": request.args,
-        "device": os.environ.get("PJRT_DEVICE", ""),
-        "outcome": outcome.kind,
-        "exit_code": outcome.exit_code,
-        "error": outcome.error,
-        "wall_s": round(wall, 6),
-        "partial": partial,
-        **analysis.summary,
-        "launches": probe.launches,
-        "attention": [site.to_dict() for site in sites],
-        "tpu_generation": advice["generation"],
-        "profile": None,
-    }
+    stats = analysis.stats
+    profile = None
     if profiler is not None:
         from tpukit.run.profile import summarise
 
-        summary["profile"] = summarise(profiler)
-    # Where the run's time went, as shares of its wall time (fallbacks' own time is unmeasured).
-    summary["time_shares"] = {
-        "compile": round(summary["compile_s"] / wall, 4) if wall > 0 else 0.0,
-        "host_wait": round(summary["host_wait_s"] / wall, 4) if wall > 0 else 0.0,
-    }
-    findings = cuda + analysis.findings + advice["findings"]
+        profile = summarise(profiler)
     failed = analysis.failures(request.fail_on)
-    summary["failed_on"] = failed
-    return Report("run", findings, [], summary, summary_line(summary), show_applied=True,
-                  excerpts=True), failed
+    summary = RunSummary(
+        script=display,
+        args=request.args,
+        device=os.environ.get("PJRT_DEVICE", ""),
+        outcome=outcome.kind,
+        exit_code=outcome.exit_code,
+        error=outcome.error,
+        wall_s=round(wall, 6),
+        partial=partial,
+        stats=stats,
+        launches=probe.launches,
+        attention=[site.to_dict() for site in sites],
+        tpu_generation=advice["generation"],
+        profile=profile,
+        # Where the run's time went, as shares of its wall time (fallbacks' own time is
+        # unmeasured).
+        time_shares={
+            "compile": round(stats.compile_s / wall, 4) if wall > 0 else 0.0,
+            "host_wait": round(stats.host_wait_s / wall, 4) if wall > 0 else 0.0,
+        },
+        failed_on=failed,
+    )
+    findings = cuda + analysis.findings + advice["findings"]
+    return Report("run", findings, [], summary, summary_line(summary.to_dict()),
+                  show_applied=True, excerpts=True), failed
 
 
 def _run_on_torchtpu(request: RunRequest, display: str) -> int:
@@ -284,7 +284,7 @@ def _emit(request: RunRequest, report: Report, print_summary) -> None:
 
         atomic_write(request.json_path, json.dumps(as_dict(report), indent=2) + "\n")
     if request.html is not None:
-        from tpukit.run.html import write_html
+        from tpukit.render.html import write_html
 
         write_html(request.html, report)
     if request.fmt is Format.TEXT:
@@ -344,97 +344,3 @@ def _advice(request: RunRequest, probe, analysis, sites: list) -> dict:
     findings = head_dim_findings(sites, generation, assumed, script)
     findings += bucket_findings(probe.steps, analysis.loops, request.bucket_budget, script)
     return {"generation": generation, "findings": findings}
-
-
-def _print_profile(profile: dict, stream) -> None:
-    console = Console(file=stream, highlight=False)
-    if profile.get("error"):
-        console.print(f"tpukit: profile: {profile['error']}")
-    ops = profile.get("top_ops") or []
-    if ops:
-        source = ("device ops (xprof framework_op_stats)" if profile.get("ops_source") == "device"
-                  else "host events (xprof trace_viewer; XLA:CPU has no device op table)")
-        steps = profile.get("steps") or []
-        table = Table(title=f"Top ops by self time, steps {steps[0]}-{steps[-1]}: {source}"
-                      if steps else f"Top ops by self time: {source}")
-        for column in ("op", "occurrences", "self ms", "self %", "total ms"):
-            table.add_column(column, justify="left" if column == "op" else "right")
-        for op in ops:
-            table.add_row(op["name"], str(op["occurrences"]), f"{op['self_us'] / 1000:.2f}",
-                          f"{op['self_share']:.1%}", f"{op['total_us'] / 1000:.2f}")
-        console.print(table)
-    if profile.get("run_dir"):
-        console.print(f"trace: {profile['run_dir']}")
-        for command in profile.get("open_with", []):
-            console.print(f"open it: {command}")
-
-
-def summary_line(summary: dict) -> str:
-    if summary.get("partial"):
-        return (f"run (partial: the run did not finish): {summary['steps']} step(s) recorded, "
-                f"{summary['distinct_graphs']} graph(s) compiled in {summary['compile_s']:.2f} s, "
-                f"{summary['recompiles_after_warmup']} after warm-up; {summary['fallbacks']} CPU "
-                f"fallback(s); {summary['host_syncs']} host read(s)")
-    median = summary["step_time_median_s"]
-    median_text = f"median step {median * 1000:.1f} ms" if median is not None else "no steady-state steps"
-    stopped = " (stopped by --max-steps)" if summary["stopped_early"] else ""
-    line = (f"run: {summary['steps']} step(s){stopped}, {median_text}; "
-            f"{summary['distinct_graphs']} graph(s) compiled in {summary['compile_s']:.2f} s, "
-            f"{summary['recompiles_after_warmup']} after warm-up; {summary['fallbacks']} CPU "
-            f"fallback(s); {summary['host_syncs']} host read(s)")
-    if summary["failed_on"]:
-        line += f"; failing on: {', '.join(summary['failed_on'])}"
-    return line
-
-
-def _median_text(summary: dict) -> str:
-    main = summary["main_loop"]
-    loop = next((l for l in summary["loops"] if l.get("line") == main.get("line")
-                 and l.get("path") == main.get("path")), None)
-    where = f" of the loop ending at line {main['line']}" if main.get("line") else ""
-    count = loop["steady_steps"] if loop else summary["steady_steps"]
-    return f"{summary['step_time_median_s'] * 1000:.1f} ms (median of {count} steps{where})"
-
-
-def _recompiles_text(summary: dict) -> str:
-    total, settling = summary["recompiles_after_warmup"], summary["recompiles_in_long_warmup"]
-    if not settling:
-        return str(total)
-    which = "all" if settling == total else str(settling)
-    return f"{total} ({which} in a warm-up longer than --warmup: see TPU701)"
-
-
-def _shares_text(summary: dict) -> str:
-    shares = summary.get("time_shares") or {}
-    return (f"compiling {shares.get('compile', 0):.0%} ({summary['compile_s']:.2f} s), host "
-            f"waiting on reads {shares.get('host_wait', 0):.0%} ({summary.get('host_wait_s', 0):.2f} s);"
-            " findings below, dearest first")
-
-
-def print_summary(summary: dict, stream) -> None:
-    table = Table(title=f"tpukit run: {summary['script']} on {summary['device']}", show_header=False)
-    table.add_column("what", style="bold")
-    table.add_column("value")
-    median = summary["step_time_median_s"]
-    outcome = (f"{summary['outcome']} (exit {summary['exit_code']})" if not summary.get("partial")
-               else "did not finish: this report was written while the script ran (killed?)")
-    rows = [
-        ("outcome", outcome),
-        ("steps", f"{summary['steps']} in {len(summary['loops'])} loop(s) "
-                  f"({summary['warmup']} warm-up each"
-                  f"{', stopped by --max-steps' if summary['stopped_early'] else ''})"),
-        ("steady-state step time", _median_text(summary) if median is not None
-         else "n/a (no step after warm-up)"),
-        ("compilations", f"{summary['compiles']} ({summary['compile_s']:.2f} s), "
-                         f"{summary['distinct_graphs']} distinct graph(s)"),
-        ("recompiles after warm-up", _recompiles_text(summary)),
-        ("CPU fallbacks", str(summary["fallbacks"])),
-        ("host reads", f"{summary['host_syncs']} ({summary['host_transfers']} transfers)"),
-        ("wall time", f"{summary['wall_s']:.2f} s"),
-        ("where it went", _shares_text(summary)),
-    ]
-    rows[1:1] = [("launch", f"{Path(launch['path']).name}:{launch['line']} ran in this process "
-                            "at world size 1") for launch in summary["launches"]]
-    for name, value in rows:
-        table.add_row(name, value)
-    Console(file=stream, highlight=False).print(table)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from tpukit.run.probe import StepListener
+from tpukit.run.steps import StepListener
 
 MIN_INTERVAL_S = 0.5
 COST_SHARE = 20  # a write costs at most 1/20 of the time between writes

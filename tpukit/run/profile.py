@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from tpukit.run.probe import StepListener
+from tpukit.run.steps import StepListener
 
 DEFAULT_STEPS = 3
 
@@ -47,7 +46,6 @@ class Profiler(StepListener):
     last: int
     captured: list[int] = field(default_factory=list)
     error: str | None = None
-    stop_s: float = 0.0
     _tracing: bool = False
     _step_trace: object | None = None
     _step_index: int = 0
@@ -94,14 +92,12 @@ class Profiler(StepListener):
         import torch_xla.core.xla_model as xm
         import torch_xla.debug.profiler as xp
 
-        start = time.perf_counter()
         self._tracing = False
         try:
             xm.wait_device_ops()  # the last step's graphs finish inside the trace
             xp.stop_trace()
         except RuntimeError as exc:
             self.error = f"could not stop the trace: {exc}"
-        self.stop_s = time.perf_counter() - start
 
     def run_dir(self) -> Path | None:
         """The directory this capture wrote (plugins/profile/<timestamp>/), newest first."""

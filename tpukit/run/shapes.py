@@ -29,10 +29,6 @@ def signature(value: Any, name: str) -> dict[str, Shape]:
     return out
 
 
-def fmt_shape(shape: Shape) -> str:
-    return "[" + ", ".join(map(str, shape[0])) + "]"
-
-
 def diff(old: dict[str, Shape], new: dict[str, Shape]) -> list[dict]:
     """The inputs whose shape or dtype differ, e.g. {'name': 'x', 'old': [16, 52], 'new':
     [16, 57], 'dims': [1]} (`dims` empty when the rank changed)."""

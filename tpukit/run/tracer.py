@@ -4,24 +4,30 @@ say who called them. Armed for one step at a time by the probe (see probe.py).""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from torch.overrides import TorchFunctionMode
 
-from tpukit.run.probe import user_frame
+from tpukit.run.counters import XlaCounters
+from tpukit.run.frames import user_frame
 
 
 class FallbackTracer(TorchFunctionMode):
-    def __init__(self, probe) -> None:
+    """`record(ops, (path, line))` for each torch call at a user line that ran fallbacks."""
+
+    def __init__(self, counters: XlaCounters,
+                 record: Callable[[list[str], tuple[str, int]], None]) -> None:
         super().__init__()
-        self.probe = probe
+        self.counters = counters
+        self.record = record
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        before = self.probe._fallback_counts()
+        before = self.counters.fallback_counts()
         result = func(*args, **(kwargs or {}))
-        after = self.probe._fallback_counts()
+        after = self.counters.fallback_counts()
         if after != before:
             ops = [op for op, n in after.items() if n != before.get(op, 0)]
             where = user_frame(sys._getframe(1))
             if where is not None:
-                self.probe.record_fallback(ops, where)
+                self.record(ops, where)
         return result

@@ -20,7 +20,6 @@ from collections import defaultdict
 from pathlib import Path
 
 TOP = 15
-STEP_EVENT = "train_step"
 PYTHON_TIME = "Python (step time outside traced calls)"
 
 

@@ -1,0 +1,253 @@
+"""Recompile attribution (TPU701): each graph compiled after a loop's warm-up, named at the
+user line that materialised it with its cause: the batch or forward input whose shape changed
+(against the last other graph from that line), the data-dependent fallbacks that fed it, a
+long warm-up, a loop with no barrier, or (--explain-graphs) the first HLO instruction that
+differs (graphs.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpukit.findings import Severity
+from tpukit.run.frames import is_user_file
+from tpukit.run.loops import SETTLED, Loops
+from tpukit.run.shapes import describe, diff
+from tpukit.run.steps import Step
+from tpukit.run.run_finding import RunFinding, finding
+
+DDP = "DistributedDataParallel"
+
+
+@dataclass
+class Recompiles:
+    findings: list[RunFinding]
+    long_warmup_steps: set[int] = field(default_factory=set)  # compiled in a loop's long warm-up
+
+
+def _graph_line(event) -> tuple[str, int] | None:
+    for _, filename, line in event.frames:
+        if is_user_file(filename):
+            return filename, line
+    return None
+
+
+def _short(graph_hash: str) -> str:
+    return graph_hash[:8] if graph_hash else "?"
+
+
+def recompile_findings(steps: list[Step], loops: Loops, script: str,
+                       fallback_lines: dict | None = None,
+                       models: set[str] | None = None,
+                       graphs: dict | None = None) -> Recompiles:
+    """`models`: the class names of the outermost modules the steps called; `graphs`: the HLO
+    of each graph by hash (--explain-graphs), to say what differs when no shape did."""
+    by_index = {s.index: s for s in steps}
+    history: list[tuple[tuple[str, int] | None, str, int]] = []  # (line, hash, step) in order
+    found = Recompiles([])
+    findings = found.findings
+    for step in steps:
+        compiled = [g for g in step.graphs if g.kind == "compile"]
+        per_compile = step.compile_s / max(step.compiles, len(compiled), 1)
+        # (severity, --fail-on kind, what caused it) -> [(event, where, extra)]
+        causes: dict[tuple, list] = {}
+        for event in step.graphs:
+            line = _graph_line(event)
+            if event.kind == "compile" and loops.steady(step):
+                # the last other graph an earlier step ran from this line (one step can run
+                # two graphs from a line, e.g. a read that cuts the step's graph early)
+                previous, previous_hash = next(
+                    ((s, h) for l, h, s in reversed(history)
+                     if l == line and h != event.graph_hash and s != step.index), (None, None))
+                severity, fails_on, cause, extra = _recompile(
+                    step, event, by_index.get(previous), per_compile, fallback_lines or {},
+                    loops, DDP in (models or ()))
+                where = line or step.boundary_at or (script, 1)
+                if graphs and previous is not None and not extra["changes"] and severity is None:
+                    cause, where = _graph_difference(cause, extra, where, graphs,
+                                                     previous_hash, event.graph_hash)
+                if fails_on is None:
+                    found.long_warmup_steps.add(step.index)
+                causes.setdefault((severity, fails_on, cause), []).append((event, where, extra))
+            history.append((line, event.graph_hash, step.index))
+        # One cause, one finding: a ragged last batch recompiles every graph of its step.
+        findings += [_cause_finding(step, severity, fails_on, cause, graphs, len(compiled))
+                     for (severity, fails_on, cause), graphs in causes.items()]
+        findings += _unbarriered(step, graphs or {}, script)
+        if not step.graphs and step.compiles and loops.steady(step):  # no debug log to read
+            findings.append(finding(
+                "TPU701", f"step {step.index}: XLA compiled {step.compiles} new graph(s) "
+                f"({step.compile_s:.2f} s) after warm-up", step.boundary_at or (script, 1),
+                fails_on="recompile", step=step.index, compile_s=step.compile_s))
+    return found
+
+
+GROWING = 3  # distinct graphs from one line within one step: a loop that nothing ends
+
+
+def _unbarriered(step: Step, graphs: dict, script: str) -> list[RunFinding]:
+    """A line that compiled GROWING+ different graphs within one step: a loop with no barrier,
+    whose every iteration carries the ops still pending from the one before (a hand-written
+    update never materialised), so each graph is new and, with the HLO at hand, bigger."""
+    by_line: dict[tuple[str, int], list] = {}
+    for event in step.graphs:
+        line = _graph_line(event)
+        if event.kind == "compile" and line is not None:
+            by_line.setdefault(line, []).append(event)
+    findings = []
+    for where, events in by_line.items():
+        hashes = list(dict.fromkeys(e.graph_hash for e in events))
+        if len(hashes) < GROWING:
+            continue
+        sizes = [len(graphs[h]) for h in hashes if h in graphs]
+        grew = ""
+        end = "at the end of each iteration of the loop around this line"
+        if len(sizes) == len(hashes) and sizes == sorted(sizes) and sizes[-1] > sizes[0]:
+            grew = (f", and the graph grew from {sizes[0]} to {sizes[-1]} HLO instructions over "
+                    f"{len(sizes)} graphs")
+            last = max((op.line for op in graphs[hashes[-1]] if op.path == where[0]), default=0)
+            if last:
+                end = f"after line {last}, the last of the loop's ops, in each iteration"
+        elif not graphs:
+            grew = " (`--explain-graphs` shows whether each graph grows)"
+        message = (f"step {step.index}: XLA compiled {len(hashes)} different graphs from this line "
+                   f"within one step ({step.compile_s:.2f} s of compiling in the step){grew}: "
+                   "nothing ends the loop's iterations, so each one's graph carries the ops still "
+                   "pending from the one before (an update that is never materialised). Fix: "
+                   f"add `torch_xla.sync()` {end}")
+        findings.append(finding("TPU701", message, where, fails_on="recompile", step=step.index,
+                                compile_s=round(step.compile_s, 6), graphs=hashes,
+                                kind="no-barrier", sizes=sizes))
+    return findings
+
+
+def _cause_finding(step: Step, severity: Severity | None, fails_on: str | None, cause: str,
+                   graphs: list, compiled: int) -> RunFinding:
+    """The finding for the graphs of one step that one cause recompiled: at the first one's
+    line, naming the others' lines, with the time they cost."""
+    (first, where, extra), others = graphs[0], graphs[1:]
+    # torch_xla times compiles per step, not per graph: with several, say the step's total
+    if not others:
+        took = (f"{extra['compile_s']:.2f} s" if compiled <= 1 else
+                f"one of {compiled} graphs compiled in this step, {step.compile_s:.2f} s in all")
+        head = (f"step {step.index}: XLA compiled a new graph (hash {_short(first.graph_hash)}, "
+                f"{took}) materialising tensors at this line")
+        return finding("TPU701", head + cause, where, severity, fails_on, **extra)
+    lines = sorted({w for _, w, _ in others if w != where})
+    at = ("this line" + (" and " + ", ".join(f"{Path(p).name}:{n}" for p, n in lines)
+                         if lines else ""))
+    share = (f"{step.compile_s:.2f} s" if compiled == len(graphs) else
+             f"{len(graphs)} of the {compiled} compiled in this step, {step.compile_s:.2f} s in all")
+    head = (f"step {step.index}: XLA compiled {len(graphs)} new graphs for one cause ({share}; "
+            f"hashes {', '.join(_short(e.graph_hash) for e, _, _ in graphs)}), materialising "
+            f"tensors at {at}")
+    extra = {**extra, "compile_s": round(sum(x["compile_s"] for _, _, x in graphs), 6),
+             "graphs": [{"graph_hash": e.graph_hash, "path": w[0], "line": w[1]}
+                        for e, w, _ in graphs]}
+    return finding("TPU701", head + cause, where, severity, fails_on, **extra)
+
+
+def _recompile(step: Step, event, previous: Step | None, compile_s: float,
+               fallback_lines: dict, loops: Loops,
+               ddp: bool) -> tuple[Severity | None, str | None, str, dict]:
+    """(severity (None: the rule's), the --fail-on kind (None: a long warm-up, which
+    --fail-on recompile ignores), the cause said after the finding's head, extra) of one
+    recompiled graph."""
+    extra = {"step": step.index, "graph_hash": event.graph_hash, "compile_s": round(compile_s, 6),
+             "cause": event.cause, "changes": [], "previous_step": None}
+    changes = diff(previous.shapes, step.shapes) if previous is not None else []
+    dynamic = _data_dependent_lines(step, fallback_lines)
+    settled = loops.settled_at(Loops.key(step))
+    # Sizes that vary with the data can stop compiling once each size was seen: not warm-up.
+    if settled is not None and not changes and not dynamic:
+        # The loop's compiles stop for good after its first `settled` steps: a long warm-up,
+        # said as such and at info severity (--fail-on recompile ignores it).
+        cause = (" DistributedDataParallel does this: its reducer rebuilds the gradient buckets "
+                 "after the first iteration (static_graph=True also traces the first "
+                 "iterations), so the graph changes in the first few steps." if ddp else "")
+        message = (f"; every step of this loop up to its step {settled} compiled and none "
+                   f"after ({SETTLED}+ steps): a warm-up longer than --warmup {loops.warmup}, not "
+                   f"a recurring recompile.{cause} `--warmup {settled}` counts these steps as "
+                   "warm-up")
+        extra.update(previous_step=previous.index if previous else None, warmup_steps=settled)
+        return Severity.INFO, None, message, extra
+    if previous is None:
+        message = ("; it is the first graph from this line. Expected if this code runs "
+                   "once (evaluation, a checkpoint); if it repeats, raise --warmup or look at why "
+                   "the graph is new")
+        return None, "recompile", message, extra
+    for change in changes:
+        origin = step.origins.get(change["name"])
+        change["line"] = origin[1] if origin else None
+    extra.update(changes=changes, previous_step=previous.index)
+    if not changes:
+        message = (f"; against step {previous.index}'s graph from this line no batch or "
+                   "forward input changed shape or dtype, so the graph itself changed")
+        if dynamic:
+            message += (f". This step ran ops whose output size depends on the data on the CPU "
+                        f"({dynamic}): their results enter the graph with a new size whenever the "
+                        "data changes. Fix: give them fixed shapes (see TPU702)")
+        else:
+            message += (": look for Python numbers that vary per step (a float in tensor math, a "
+                        "step-dependent branch, an `.item()` fed back into tensors) and make them "
+                        "tensors; `tpukit run --explain-graphs` names the instruction and the "
+                        "line that differ")
+        return None, "recompile", message, extra
+    what = "; ".join(describe(c) for c in changes)
+    message = f"; changed since step {previous.index}: {what}. Fix: {_shape_fix(changes)}"
+    if step.collate and not all(c["dims"] == [0] for c in changes):
+        name, path, line = step.collate
+        message += (f"; the batches are made by the loader's collate_fn `{name}` "
+                    f"({Path(path).name}:{line}): pad there")
+        extra["collate"] = {"name": name, "path": path, "line": line}
+    return None, "recompile", message, extra
+
+
+def _graph_difference(cause: str, extra: dict, where, graphs: dict, before: str,
+                      after: str) -> tuple[str, tuple[str, int]]:
+    """The cause said from the two graphs' HLO: the first instruction that differs, at its
+    user line, which becomes the finding's line."""
+    from tpukit.run.graphs import diff_graphs, fix_for
+
+    if before not in graphs or after not in graphs:
+        return cause, where
+    difference = diff_graphs(graphs[before], graphs[after], is_user_file)
+    if difference is None:
+        return cause, where
+    at = f"{Path(difference.path).name}:{difference.line}" if difference.path else "an unknown line"
+    extra["graph_diff"] = {"what": difference.what, "op": difference.op, "kind": difference.kind,
+                           "path": difference.path, "line": difference.line,
+                           "ops": [len(graphs[before]), len(graphs[after])]}
+    head = cause.split(": look for Python numbers", 1)[0]  # the diff says what to look at
+    sizes = f"{len(graphs[before])} -> {len(graphs[after])} HLO instructions"
+    cause = (f"{head}. The graphs differ first at {at}: {difference.what} ({sizes}). Fix: "
+             f"{fix_for(difference)}")
+    if difference.path and is_user_file(difference.path):
+        where = (difference.path, difference.line)
+    return cause, where
+
+
+DATA_DEPENDENT_OPS = ("aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2",
+                      "aten::index", "aten::repeat_interleave")
+
+
+def _data_dependent_lines(step: Step, fallback_lines: dict) -> str:
+    parts = []
+    for op in sorted(step.fallbacks):
+        if op in DATA_DEPENDENT_OPS:
+            lines = sorted({line for (_, line) in fallback_lines.get(op, {})})
+            parts.append(f"`{op}`" + (f" at line {', '.join(map(str, lines))}" if lines else ""))
+    return "; ".join(parts)
+
+
+def _shape_fix(changes: list[dict]) -> str:
+    batch_only = all(c["dims"] == [0] for c in changes)
+    if batch_only and all(c["new"][0] < c["old"][0] for c in changes):
+        return ("a smaller batch (often the last of an epoch): `DataLoader(..., drop_last=True)` "
+                "or pad it to the full batch size")
+    if any(c["old_dtype"] != c["new_dtype"] for c in changes):
+        return "cast the input to one dtype before the model"
+    dims = sorted({d for c in changes for d in c["dims"]})
+    where = f"dim {', '.join(map(str, dims))}" if dims else "the changed dimensions"
+    return (f"pad {where} to a fixed size or to a few bucket sizes (`tpukit.buckets`), so that "
+            "XLA compiles one graph per bucket instead of one per size")
