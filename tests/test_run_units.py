@@ -38,7 +38,6 @@ def test_debug_log_parses_a_compilation_block(tmp_path):
     (event,) = DebugLog(path).read_new()
     assert event.kind == "compile"
     assert event.graph_hash == "30a673416229794a9ef783550d878c2a"
-    assert event.inputs == 3 and event.outputs == 1
     assert event.cause.startswith("most likely user code")
     assert event.frames[-1] == ("<module>", "/tmp/train.py", 13)
 
@@ -52,7 +51,7 @@ def test_debug_log_keeps_a_half_written_block_for_the_next_read(tmp_path):
     path.write_text(BLOCK + BLOCK.replace("Compilation", "Execution"))
     events = log.read_new()
     assert [e.kind for e in events] == ["compile", "execute"]
-    assert events[0].outputs == 1
+    assert events[0].graph_hash == "30a673416229794a9ef783550d878c2a"
 
 
 def test_shape_diff_names_the_dimension():

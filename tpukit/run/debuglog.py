@@ -36,8 +36,6 @@ class GraphEvent:
     kind: str  # "compile" | "execute"
     graph_hash: str = ""
     cause: str = ""
-    inputs: int = 0
-    outputs: int = 0
     frames: list[tuple[str, str, int]] = field(default_factory=list)  # innermost first
     step: int = 0  # 1-based step it happened in (set by the probe)
 
@@ -110,10 +108,6 @@ def _parse(kind: str, lines: list[str]) -> GraphEvent:
             value = value.strip()
             if key == "Graph Hash":
                 event.graph_hash = value
-            elif key == "Number of Graph Inputs" and value.isdigit():
-                event.inputs = int(value)
-            elif key == "Number of Graph Outputs" and value.isdigit():
-                event.outputs = int(value)
         elif section == "frames":
             match = _FRAME.match(text)
             if match:
