@@ -300,3 +300,42 @@ def test_findings_are_ordered_by_what_they_cost():
     assert analysis.findings[0].extra["wait_s"] == 3.0 and "3.00 s waiting" in analysis.findings[0].message
     assert analysis.stats.host_wait_s == 3.0
     assert [f.code for f in analysis.findings].index("TPU702") == 2
+
+
+def _at(index: int, kind: str, hashes: list[str], line: int) -> Step:
+    step = _step(index, compiles=len(hashes) if kind == "compile" else 0)
+    step.graphs = [GraphEvent(kind, h, frames=[("f", "/tmp/train.py", line)]) for h in hashes]
+    return step
+
+
+def test_a_lines_first_graph_after_warm_up_is_not_a_recompile_when_nothing_replaces_it():
+    # an evaluation (or a log line) that first runs at step 5 and never compiles again
+    steps = [_compiling(1), _step(2), _step(3), _step(4), _at(5, "compile", ["eval"], 80),
+             _step(6), _at(7, "execute", ["eval"], 80)]
+    found, analysis = _recompiles(steps)
+    (first,) = found
+    assert first.extra["step"] == 5 and first.severity is Severity.INFO
+    assert "first ran after warm-up" in first.message and "not a recompile" in first.message
+    assert analysis.failures(["recompile"]) == []
+    assert analysis.stats.recompiles_after_warmup == 0
+    assert analysis.stats.first_graphs_after_warmup == 1
+
+
+def test_a_first_graph_that_a_later_one_replaces_stays_a_recompile_warning():
+    steps = [_compiling(1), _step(2), _step(3), _at(4, "compile", ["a"], 80), _at(5, "compile", ["b"], 80)]
+    found, analysis = _recompiles(steps)
+    assert [f.severity for f in found] == [Severity.WARNING, Severity.WARNING]
+    assert analysis.stats.recompiles_after_warmup == 2 and analysis.stats.first_graphs_after_warmup == 0
+
+
+def test_several_graphs_from_one_line_that_later_steps_run_again_are_no_missing_barrier():
+    # torchvision's make_grid reads four values with float(): four graphs cut at one line in
+    # the first step, the same four run in every later step
+    hashes = ["g1", "g2", "g3", "g4"]
+    steps = [_at(1, "compile", hashes, 92)] + [_at(i, "execute", hashes, 92) for i in range(2, 5)]
+    found, _ = _recompiles(steps)
+    assert not [f for f in found if f.extra.get("kind") == "no-barrier"]
+    # one step only (a loop that nothing ends): the finding
+    found, _ = _recompiles([_at(1, "compile", hashes, 92)])
+    (grew,) = [f for f in found if f.extra.get("kind") == "no-barrier"]
+    assert "nothing ends the loop's iterations" in grew.message

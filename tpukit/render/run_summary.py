@@ -62,10 +62,13 @@ def _median_text(summary: dict) -> str:
 
 def _recompiles_text(summary: dict) -> str:
     total, settling = summary["recompiles_after_warmup"], summary["recompiles_in_long_warmup"]
+    first = summary.get("first_graphs_after_warmup", 0)  # absent from older saved reports
+    also = (f"; +{first} first graph(s) of code that first ran after warm-up"
+            if first else "")
     if not settling:
-        return str(total)
+        return f"{total} ({also[2:]})" if first else str(total)
     which = "all" if settling == total else str(settling)
-    return f"{total} ({which} in a warm-up longer than --warmup: see TPU701)"
+    return f"{total} ({which} in a warm-up longer than --warmup: see TPU701{also})"
 
 
 def _shares_text(summary: dict) -> str:

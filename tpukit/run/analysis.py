@@ -146,8 +146,9 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
         compile_s=round(sum(s.compile_s for s in steps), 6),
         distinct_graphs=len({g.graph_hash for g in compiles}) if compiles
         else sum(s.compiles for s in steps),
-        recompiles_after_warmup=sum(s.compiles for s in steps if loops.steady(s)),
+        recompiles_after_warmup=sum(s.compiles for s in steps if loops.steady(s)) - recompiles.first_graphs,
         recompiles_in_long_warmup=sum(s.compiles for s in steps if s.index in long_warmup),
+        first_graphs_after_warmup=recompiles.first_graphs,
         fallbacks=fallback_total,
         host_syncs=sum(len(s.reads) for s in steps),
         host_wait_s=round(sum(r.wait_s for s in steps for r in s.reads), 6),

@@ -23,6 +23,10 @@ DDP = "DistributedDataParallel"
 class Recompiles:
     findings: list[RunFinding]
     long_warmup_steps: set[int] = field(default_factory=set)  # compiled in a loop's long warm-up
+    # Graphs compiled after warm-up that are a line's first (code that first ran then: an
+    # evaluation, a logging step, a checkpoint) and that the line never replaced later: not
+    # recompiles; their findings are at info severity and --fail-on recompile ignores them.
+    first_graphs: int = 0
 
 
 def _graph_line(event) -> tuple[str, int] | None:
@@ -68,12 +72,18 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
                                                      previous_hash, event.graph_hash)
                 if fails_on is None:
                     found.long_warmup_steps.add(step.index)
+                elif previous is None and not _replaced_later(line, event.graph_hash, step.index, steps):
+                    found.first_graphs += 1
+                    severity, fails_on = Severity.INFO, None
+                    cause = ("; it is the first graph from this line, which first ran after warm-up "
+                             "and compiled nothing new after: code that runs now and then (an "
+                             "evaluation, a logging step, a checkpoint), not a recompile")
                 causes.setdefault((severity, fails_on, cause), []).append((event, where, extra))
             history.append((line, event.graph_hash, step.index))
         # One cause, one finding: a ragged last batch recompiles every graph of its step.
         findings += [_cause_finding(step, severity, fails_on, cause, graphs, len(compiled))
                      for (severity, fails_on, cause), graphs in causes.items()]
-        findings += _unbarriered(step, graphs or {}, script)
+        findings += _unbarriered(step, graphs or {}, script, steps)
         if not step.graphs and step.compiles and loops.steady(step):  # no debug log to read
             findings.append(finding(
                 "TPU701", f"step {step.index}: XLA compiled {step.compiles} new graph(s) "
@@ -82,13 +92,38 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
     return found
 
 
+def _replaced_later(line, graph_hash: str, index: int, steps: list[Step]) -> bool:
+    """Whether a later step compiled another graph from `line` (so its first was not its last)."""
+    return line is not None and any(
+        g.kind == "compile" and g.graph_hash != graph_hash and _graph_line(g) == line
+        for s in steps if s.index > index for g in s.graphs)
+
+
 GROWING = 3  # distinct graphs from one line within one step: a loop that nothing ends
 
 
-def _unbarriered(step: Step, graphs: dict, script: str) -> list[RunFinding]:
+def _repeats(line, hashes: list[str], index: int, steps: list[Step]) -> bool:
+    """Whether later steps ran this line's graphs again and compiled none new there: a fixed
+    set of graphs (several host reads on one line each cut the step's graph: torchvision's
+    make_grid, an f-string of four meters), not a loop whose graph grows."""
+    ran = False
+    for s in steps:
+        if s.index <= index:
+            continue
+        for g in s.graphs:
+            if _graph_line(g) != line:
+                continue
+            if g.kind == "compile":
+                return False
+            ran = ran or g.graph_hash in hashes
+    return ran
+
+
+def _unbarriered(step: Step, graphs: dict, script: str, steps: list[Step]) -> list[RunFinding]:
     """A line that compiled GROWING+ different graphs within one step: a loop with no barrier,
     whose every iteration carries the ops still pending from the one before (a hand-written
-    update never materialised), so each graph is new and, with the HLO at hand, bigger."""
+    update never materialised), so each graph is new and, with the HLO at hand, bigger. Not
+    when later steps run the same graphs from the line again without compiling: a fixed set."""
     by_line: dict[tuple[str, int], list] = {}
     for event in step.graphs:
         line = _graph_line(event)
@@ -97,7 +132,7 @@ def _unbarriered(step: Step, graphs: dict, script: str) -> list[RunFinding]:
     findings = []
     for where, events in by_line.items():
         hashes = list(dict.fromkeys(e.graph_hash for e in events))
-        if len(hashes) < GROWING:
+        if len(hashes) < GROWING or _repeats(where, hashes, step.index, steps):
             continue
         sizes = [len(graphs[h]) for h in hashes if h in graphs]
         grew = ""

@@ -29,6 +29,9 @@ class StepStats:
     distinct_graphs: int
     recompiles_after_warmup: int
     recompiles_in_long_warmup: int  # of those, in a loop whose compiles stop for good by then
+    # compiles after warm-up of a line's first and only graph (code that first ran then: an
+    # evaluation, a logging step, a checkpoint): not in recompiles_after_warmup
+    first_graphs_after_warmup: int
     fallbacks: int  # aten:: CPU fallback calls (not counting .item())
     host_syncs: int  # device-to-host reads seen at user lines
     host_wait_s: float  # time spent inside host reads
