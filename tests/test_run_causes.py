@@ -53,3 +53,42 @@ def test_ddp_gradient_accumulation_counts_optimizer_steps_and_compiles_each_grap
     # compiled once; after DDP's own warm-up (its reducer rebuilds buckets) nothing recompiles
     assert all(r["compiles"] == 0 for r in records[3:])
     assert not [f for f in report["findings"] if f["code"] == "TPU701" and "warmup_steps" not in f["extra"]]
+
+
+SUPPRESSED = """\
+import torch
+import torch_xla
+
+device = torch_xla.device()
+model = torch.nn.Linear(4, 1).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(5):
+    loss = model(torch.ones(2, 4, device=device)).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    torch_xla.sync()
+    print(loss.item())  # tpukit: ignore[TPU703]
+    print(loss.item() * 2)
+"""
+
+
+def test_a_suppression_comment_silences_a_run_finding_and_its_fail_on(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SUPPRESSED)
+    out = tmp_path / "report.json"
+    base = [tpukit_executable(), "run", "--json", str(out), "--fail-on", "sync"]
+    env = {**os.environ, "NO_COLOR": "1", "PJRT_DEVICE": "CPU"}
+    proc = subprocess.run([*base, str(script)], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    report = json.loads(out.read_text())
+    reads = [f["line"] for f in report["findings"] if f["code"] == "TPU703"]
+    assert reads == [14] and proc.returncode == 1   # the other line still fails --fail-on sync
+    (silenced,) = report["summary"]["suppressed"]
+    assert silenced["code"] == "TPU703" and silenced["line"] == 13
+    assert silenced["suppressed_by"] == "line 13: # tpukit: ignore[TPU703]"
+    script.write_text(SUPPRESSED.replace("    print(loss.item() * 2)\n", ""))
+    proc = subprocess.run([*base, str(script)], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr   # nothing left to fail on
+    assert not [f for f in json.loads(out.read_text())["findings"] if f["code"] == "TPU703"]

@@ -116,6 +116,29 @@ def split(findings: list[Finding], suppressions: Suppressions) -> tuple[list[Fin
     return kept, suppressed
 
 
+def split_files(findings: list[Finding]) -> tuple[list[Finding], list[dict]]:
+    """`split` over findings of many files, each file's comments read once (a finding whose
+    file cannot be read as Python source is kept)."""
+    by_path: dict[str, Suppressions] = {}
+    for path in {f.location.path for f in findings}:
+        if not path.endswith(".py"):
+            continue
+        try:
+            with open(path, encoding="utf-8") as handle:
+                by_path[path] = Suppressions.from_source(handle.read())
+        except (OSError, UnicodeDecodeError):
+            continue
+    kept, suppressed = [], []
+    for f in findings:
+        sup = by_path.get(f.location.path)
+        s = sup.covering(f.code, f.location.line, f.location.end_line) if sup else None
+        if s is None:
+            kept.append(f)
+        else:
+            suppressed.append({**f.to_dict(), "suppressed_by": s.describe()})
+    return kept, suppressed
+
+
 def unused_findings(path: str, suppressions: Suppressions) -> list[Finding]:
     """TPU009 for each comment that silenced nothing, and each that names no tpukit code."""
     from tpukit.rules import load_rules

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tpukit.errors import UsageError
 from tpukit.findings import Finding, FixKind, Location
+from tpukit.suppress import split_files
 from tpukit.render import Format, Report, render
 from tpukit.render.run_summary import print_profile, print_summary, summary_line
 
@@ -230,6 +231,11 @@ def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda
         from tpukit.run.profile import summarise
 
         profile = summarise(profiler)
+    # `# tpukit: ignore[...]` comments in the user's files silence findings at their lines: out of
+    # the report and of --fail-on, listed in the summary
+    kept, suppressed = split_files(cuda + analysis.findings + advice["findings"])
+    kept_ids = {id(f) for f in kept}
+    analysis.findings = [f for f in analysis.findings if id(f) in kept_ids]
     failed = analysis.failures(request.fail_on)
     summary = RunSummary(
         script=display,
@@ -252,9 +258,9 @@ def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda
             "host_wait": round(stats.host_wait_s / wall, 4) if wall > 0 else 0.0,
         },
         failed_on=failed,
+        suppressed=suppressed,
     )
-    findings = cuda + analysis.findings + advice["findings"]
-    return Report("run", findings, [], summary, summary_line(summary.to_dict()),
+    return Report("run", kept, [], summary, summary_line(summary.to_dict()),
                   show_applied=True, excerpts=True), failed
 
 

@@ -57,6 +57,8 @@ class RunSummary:
     profile: dict | None = None
     time_shares: dict[str, float] = field(default_factory=dict)  # compile, host_wait: of wall_s
     failed_on: list[str] = field(default_factory=list)  # the --fail-on kinds that occurred
+    # findings `# tpukit: ignore[...]` comments silenced: each finding's JSON and `suppressed_by`
+    suppressed: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """The JSON report's `summary` object."""
