@@ -340,6 +340,18 @@ class MigrationContext:
                 bound = alias.asname.name.value
             self.aliases[bound] = f"{module}.{name}"
 
+    def resolve(self, expr: cst.BaseExpression | None) -> str | None:
+        """The qualified name of a Name/Attribute chain through the imports seen so far,
+        wherever it is (no function's locals are looked at): for whole-file scans."""
+        path = dotted(expr)
+        if path is None:
+            return None
+        root, _, rest = path.partition(".")
+        full = self.aliases.get(root)
+        if full is None:
+            return None
+        return f"{full}.{rest}" if rest else full
+
     def qualify(self, expr: cst.BaseExpression | None) -> str | None:
         """The qualified name of a Name/Attribute chain, through this file's imports."""
         path = dotted(expr)

@@ -651,7 +651,45 @@ class CompileBackend(Transform):
                 f'{self.ctx.code(original.decorator)}(backend="openxla")')))
 
 
-_OPTIMIZER_ASSIGN = re.compile(r"(\w+)\s*=\s*(?:torch\.)?optim\.\w+\(")
+# The optimizers TPU409 steps with `xm.optimizer_step`: torch.optim's classes, not its
+# schedulers (`scheduler.step()` is no optimizer step) or SWA's averaged models.
+_OPTIMIZER_PREFIX = "torch.optim."
+_NOT_OPTIMIZERS = ("torch.optim.lr_scheduler.", "torch.optim.swa_utils.")
+
+
+class _MultiProcessFacts(cst.CSTVisitor):
+    """What TPU409 needs to know about the file's code (its comments and strings say nothing):
+    the names its code uses, the names it calls, and the names bound to a torch.optim
+    optimizer, matched by qualified name (`th.optim.SGD`, `from torch.optim import SGD`)."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.names: set[str] = set()
+        self.called: set[str] = set()
+        self.optimizers: set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.names.add(node.attr.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.called.add(terminal_name(node.func))
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if self._is_optimizer(node.value):
+            self.optimizers.update(terminal_name(t.target) for t in node.targets)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None and self._is_optimizer(node.value):
+            self.optimizers.add(terminal_name(node.target))
+
+    def _is_optimizer(self, value: cst.BaseExpression) -> bool:
+        if not isinstance(value, cst.Call):
+            return False
+        name = self.ctx.resolve(value.func) or ""
+        return name.startswith(_OPTIMIZER_PREFIX) and not name.startswith(_NOT_OPTIMIZERS)
 
 
 @transform("TPU409")
@@ -659,11 +697,19 @@ class OptimizerStepWithoutDdp(Transform):
     """Several processes and no DDP: gradients must be averaged across them, which
     `xm.optimizer_step` does before the step."""
 
+    def _facts(self) -> _MultiProcessFacts:
+        def compute() -> _MultiProcessFacts:
+            facts = _MultiProcessFacts(self.ctx)
+            self.ctx.module.visit(facts)
+            return facts
+        return self.ctx.memo("multi_process_facts", compute)
+
     def _applies(self) -> bool:
         def compute() -> bool:
-            source = self.ctx.source
-            multi = "init_process_group" in source or bool(_SPAWNED.search(source))
-            return multi and "DistributedDataParallel" not in source and "DDP(" not in source
+            facts = self._facts()
+            multi = "init_process_group" in facts.names or bool(_SPAWNED.search(self.ctx.source))
+            ddp = "DistributedDataParallel" in facts.names or "DDP" in facts.called
+            return multi and not ddp
         return self.ctx.memo("optimizer_step_without_ddp", compute)
 
     def visit_Expr(self, node: cst.Expr):
@@ -673,9 +719,7 @@ class OptimizerStepWithoutDdp(Transform):
                 and isinstance(call.func.value, cst.Name) and self._applies()):
             return None
         name = call.func.value.value
-        optimizers = self.ctx.memo("optimizer_names",
-                                   lambda: set(_OPTIMIZER_ASSIGN.findall(self.ctx.source)))
-        if name not in optimizers:
+        if name not in self._facts().optimizers:
             return None
         return self.fix_or_report(
             call, f"`{self.ctx.short(call)}` in a multi-process script without DDP: "
