@@ -85,6 +85,27 @@ def test_unimported_cuda_name_is_not_torch():
     assert codes(source) == []
 
 
+@pytest.mark.parametrize("rebinding", [
+    "cuda = mylib.FakeCuda()",
+    "cuda: FakeCuda = mylib.FakeCuda()",
+    "cuda, other = mylib.fakes()",
+    "def cuda():\n    return mylib.FakeCuda()",
+    "class cuda:\n    synchronize = staticmethod(print)",
+])
+def test_a_module_level_rebinding_ends_the_import_for_the_code_after_it(rebinding):
+    before = "import mylib\nfrom torch import cuda\ncuda.synchronize()\n"
+    after = f"{rebinding}\ncuda.synchronize()\ndef f():\n    cuda.synchronize()\n"
+    result = out(before + after)
+    assert result.count("torch_xla.sync()") == 1 and result.endswith(after)
+
+
+def test_a_rebinding_inside_a_block_is_conditional_and_an_import_after_it_counts_again():
+    guarded = "try:\n    from torch import cuda\nexcept ImportError:\n    cuda = None\ncuda.synchronize()\n"
+    assert "torch_xla.sync()" in out(guarded)
+    again = "from torch import cuda\ncuda = 1\nfrom torch import cuda\ncuda.synchronize()\n"
+    assert "torch_xla.sync()" in out(again)
+
+
 @pytest.mark.parametrize(
     "source",
     [

@@ -16,6 +16,7 @@ from pathlib import Path
 import libcst as cst
 
 from tpukit.findings import FixKind
+from tpukit.migrate.names import ModuleRebindings
 from tpukit.rules import Rule, load_rules
 
 # Alias -> how to import it. Replacement templates use these names and nothing else.
@@ -255,6 +256,7 @@ class MigrationContext:
         self.target = target
         self.unsafe_fixes = unsafe_fixes
         self.aliases: dict[str, str] = {}
+        self.rebindings = ModuleRebindings(module, source)
         self.reports: list[Report] = []
         self.imports_needed: set[str] = set()
         # Modules imported for what importing them does (`torch_xla.distributed.xla_backend`
@@ -320,6 +322,12 @@ class MigrationContext:
         return self.device_object if self.at_import_time() else self._device_move
 
     # -- names -------------------------------------------------------------------
+    def reached(self, stmt: cst.CSTNode) -> None:
+        """The traversal is at `stmt`: imports rebound by module-level statements before it
+        name something else now."""
+        if self.rebindings.pending:
+            self.rebindings.reached(stmt, self.aliases)
+
     def add_import(self, node: cst.Import) -> None:
         for alias in node.names:
             full = import_target(alias.name)

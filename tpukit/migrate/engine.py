@@ -229,9 +229,10 @@ class Rewriter(cst.CSTTransformer):
 
     # Bookkeeping that every rule relies on, then the rules' own hooks.
     def on_visit(self, node: cst.CSTNode) -> bool:
+        ctx = self.ctx
+        ctx.reached(node)
         if id(node) in self.skip:
             return False
-        ctx = self.ctx
         if id(node) in self.top_level:
             ctx.current_top = node
         if isinstance(node, cst.Import):
