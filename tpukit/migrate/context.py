@@ -376,9 +376,6 @@ class MigrationContext:
             return None
         return f"{full}.{rest}" if rest else full
 
-    def call_name(self, node: cst.CSTNode) -> str | None:
-        return self.qualify(node.func) if isinstance(node, cst.Call) else None
-
     def _local_names(self, function: cst.FunctionDef | cst.Lambda) -> set[str]:
         names = self._locals.get(id(function))
         if names is None:

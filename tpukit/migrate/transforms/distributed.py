@@ -67,10 +67,6 @@ def env_key(ctx, expr: cst.BaseExpression) -> tuple[str | None, bool]:
     return None, False
 
 
-def _arg(name: str, value: str, ctx) -> cst.Arg:
-    return keyword_arg(name, ctx.expr(value))
-
-
 def file_rank_names(source: str) -> set[str]:
     """Names this file gives the rank: assigned from torchrun's variables or get_rank(), and
     the first parameter of a spawned function."""
@@ -350,7 +346,7 @@ class DistributedDataParallelArgs(Transform):
         def build():
             args = [a for a in updated.args if a not in dropped]
             if bucket is None and bucket_view:
-                args.append(_arg("gradient_as_bucket_view", "True", self.ctx))
+                args.append(keyword_arg("gradient_as_bucket_view", self.ctx.expr("True")))
             call = updated.with_changes(args=with_commas(args))
             if not moves:
                 return call
@@ -587,8 +583,8 @@ class SamplerReplicas(Transform):
         def build():
             # DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last): the
             # replica count and rank are replaced where they stand; the rest is kept.
-            values = {1: _arg("num_replicas", "xr.world_size()", self.ctx),
-                      2: _arg("rank", "xr.global_ordinal()", self.ctx)}
+            values = {1: keyword_arg("num_replicas", self.ctx.expr("xr.world_size()")),
+                      2: keyword_arg("rank", self.ctx.expr("xr.global_ordinal()"))}
             args = [a.with_changes(value=values[i].value) if i in values else a
                     for i, a in enumerate(positional)]
             args += [values[i] for i in values if i >= len(positional)]
@@ -622,7 +618,7 @@ class CompileBackend(Transform):
 
         def build():
             args = [a for a in updated.args if not (a.keyword and a.keyword.value in ("backend", "mode"))]
-            args.append(_arg("backend", '"openxla"', self.ctx))
+            args.append(keyword_arg("backend", self.ctx.expr('"openxla"')))
             return updated.with_changes(args=with_commas(args))
 
         return self.fix_or_report(

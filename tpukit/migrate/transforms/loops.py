@@ -24,6 +24,7 @@ _LOADER_ASSIGN = re.compile(r"(\w+)\s*=\s*(?:[\w.]*\.)?DataLoader\s*\(")
 # of, so `train_data` is one (the PyTorch DDP tutorial's Trainer keeps its loader so).
 _LOADER_SAMPLER = re.compile(r"(\w+)\.sampler\.set_epoch\s*\(")
 NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
+# Tensor methods that read the value on the host: each waits for the device to compute it.
 HOST_READS = ("item", "tolist", "cpu", "numpy")
 SAMPLING = ("a loop without gradients that feeds each iteration's result into the next (a "
             "sampler: `output, state = model(x, state)`, `idx = torch.cat((idx, nxt), 1)`) "
