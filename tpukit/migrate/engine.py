@@ -28,10 +28,12 @@ from tpukit.migrate.guards import (
     restore_unported,
 )
 from tpukit.migrate.prune import Layout
+from tpukit.migrate.suppressing import SuppressedHooks
 from tpukit.migrate.transforms import load_transforms
 from tpukit.migrate.transforms.base import HookTable, StatementPlan, transform_for
 from tpukit.migrate.transforms.devices import is_device_value
 from tpukit.rules import Rule
+from tpukit.suppress import Suppressions, split, unused_findings
 
 COMMENT_PREFIX = "# tpukit: "
 # Imports whose names a rewrite can leave unused (torch.cuda.*, cuDNN flags, accelerator API,
@@ -56,6 +58,8 @@ class MigrateOptions:
     eager_mode: str | None = None
     # False: only decide whether anything changes (check mode): skips the import fix-up.
     render_source: bool = True
+    # Also report suppression comments that silence nothing (TPU009).
+    strict: bool = False
 
 
 @dataclass
@@ -64,6 +68,8 @@ class Migration:
     new_source: str  # equals `source` in check mode, where the new text is not rendered
     findings: list[Finding] = field(default_factory=list)
     changed: bool = False
+    # Findings a `# tpukit: ignore` comment silenced: each finding's dict plus `suppressed_by`.
+    suppressed: list[dict] = field(default_factory=list)
 
 
 load_transforms()
@@ -79,8 +85,9 @@ def statement_triggers_of(rules: list[Rule]) -> tuple[str, ...]:
 
 def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration:
     """Migrate one file's text. Raises libcst.ParserSyntaxError on invalid Python."""
+    suppressions = Suppressions.from_source(source)
     if not any(trigger in source for trigger in triggers_of(options.rules)):
-        return Migration(source, source)
+        return _silenced(Migration(source, source), [], suppressions, path, options)
     module = cst.parse_module(source)
     ctx = MigrationContext(module, options.target, options.unsafe_fixes, source, path)
     transforms = []
@@ -93,28 +100,60 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
             transforms.append(cls(rule, ctx))
             triggers |= transforms[-1].extra_triggers(source)
     layout = Layout(module, source, tuple(sorted(triggers)))
-    rewriter = Rewriter(ctx, HookTable(transforms), layout)
+    hooks = HookTable(transforms)
+    trial = None
+    if suppressions:
+        trial = SuppressedHooks(ctx, module, suppressions, {t.rule.code for t in transforms})
+        hooks.visit, hooks.leave = trial.wrap(hooks.visit, False), trial.wrap(hooks.leave, True)
+    rewriter = Rewriter(ctx, hooks, layout)
     try:
         new_module = module.visit(rewriter)
     except (RecursionError, MigrationBug):
         raise
     except Exception as exc:  # a rule's bug: said at the statement it was rewriting
         raise MigrationBug(f"{type(exc).__name__}: {exc}", _line_of(ctx.current_top, layout)) from exc
+    silenced = []
+    if trial is not None:
+        silenced = _findings(ctx, trial.suppressed, trial.positions, path)
     if not ctx.reports:
-        return Migration(source, source)
-    findings = _findings(ctx, module, layout, path)
+        return _silenced(Migration(source, source), silenced, suppressions, path, options)
+    positions = trial.positions if trial is not None else _positions(module, layout, ctx.reports)
+    findings = _findings(ctx, ctx.reports, positions, path)
     changed = any(r.applied for r in ctx.reports)
     if not changed:
-        return Migration(source, source, findings)
+        return _silenced(Migration(source, source, findings), silenced, suppressions, path,
+                         options)
     if not options.render_source:
-        return Migration(source, source, findings, changed=True)
+        return _silenced(Migration(source, source, findings, changed=True), silenced,
+                         suppressions, path, options)
     new_module = _fix_imports(new_module, ctx)
     new_module = helpers.insert(new_module, ctx.helpers_needed)
     if options.eager_mode is not None and not _SETS_EAGER_MODE.search(source):
         new_module = _set_eager_mode(new_module, ctx, options.eager_mode)
     new_source = new_module.code
     _check_still_python(source, new_source, path)
-    return Migration(source, new_source, findings, changed=new_source != source)
+    return _silenced(Migration(source, new_source, findings, changed=new_source != source),
+                     silenced, suppressions, path, options)
+
+
+def _silenced(migration: Migration, silenced: list[Finding], suppressions: Suppressions,
+              path: str, options: MigrateOptions) -> Migration:
+    """The findings the file's suppression comments silenced (`silenced`: the rules' own,
+    whose fixes were not applied; a finding not applied that a comment covers, made outside
+    a rule's hook, too), and with --strict the comments that silenced nothing (TPU009)."""
+    if not suppressions and not suppressions.bad:
+        return migration
+    unapplied = [f for f in migration.findings if not f.applied]
+    _, migration.suppressed = split(silenced, suppressions)
+    kept, more = split(unapplied, suppressions)
+    if more:
+        gone = {id(f) for f in unapplied} - {id(f) for f in kept}
+        migration.findings = [f for f in migration.findings if id(f) not in gone]
+        migration.suppressed += more
+    if options.strict:
+        migration.findings = sorted([*migration.findings, *unused_findings(path, suppressions)],
+                                    key=Finding.sort_key)
+    return migration
 
 
 # The file sets (`torch.tpu.eager_mode = ...`) or enters (`set_eager_mode(...)`) a mode already.
@@ -199,10 +238,9 @@ def _positions(module: cst.Module, layout: Layout, reports) -> dict:
     return positions
 
 
-def _findings(ctx: MigrationContext, module: cst.Module, layout: Layout, path: str) -> list[Finding]:
-    positions = _positions(module, layout, ctx.reports)
+def _findings(ctx: MigrationContext, reports, positions: dict, path: str) -> list[Finding]:
     findings = []
-    for report in ctx.reports:
+    for report in reports:
         pos = positions.get(report.node)
         location = (
             Location(path, pos.start.line, pos.start.column + 1, pos.end.line, pos.end.column + 1)
