@@ -60,6 +60,9 @@ class MigrateOptions:
     render_source: bool = True
     # Also report suppression comments that silence nothing (TPU009).
     strict: bool = False
+    # False: parse every file and traverse every statement, whatever its trigger words (the
+    # test that every rule declares the words it needs compares both ways).
+    prune: bool = True
 
 
 @dataclass
@@ -79,27 +82,25 @@ def triggers_of(rules: list[Rule]) -> tuple[str, ...]:
     return tuple(sorted({t for rule in rules for t in rule.triggers}))
 
 
-def statement_triggers_of(rules: list[Rule]) -> tuple[str, ...]:
-    return tuple(sorted({t for r in rules for t in (r.statement_triggers or r.triggers)}))
-
-
 def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration:
     """Migrate one file's text. Raises libcst.ParserSyntaxError on invalid Python."""
     suppressions = Suppressions.from_source(source)
-    if not any(trigger in source for trigger in triggers_of(options.rules)):
+    if options.prune and not any(trigger in source for trigger in triggers_of(options.rules)):
         return _silenced(Migration(source, source), [], suppressions, path, options)
     module = cst.parse_module(source)
     ctx = MigrationContext(module, options.target, options.unsafe_fixes, source, path)
     transforms = []
-    triggers = set(statement_triggers_of(options.rules))
+    triggers: set[str] = set()
     for rule in options.rules:
         if rule.skips(options.target):
             continue
         cls = transform_for(rule)
         if cls is not None:
             transforms.append(cls(rule, ctx))
-            triggers |= transforms[-1].extra_triggers(source)
+            triggers |= transforms[-1].statement_triggers(source)
     layout = Layout(module, source, tuple(sorted(triggers)))
+    if not options.prune:
+        layout.skip.clear()
     hooks = HookTable(transforms)
     trial = None
     if suppressions:

@@ -345,7 +345,7 @@ class TiedWeights(Transform):
     which unties them: the migrated model trains two separate matrices. The tie is repeated
     right after the model is moved."""
 
-    def extra_triggers(self, source: str) -> set[str]:
+    def statement_triggers(self, source: str) -> set[str]:
         # Classes that tie weights, here or in a module this file imports from beside it:
         # statements that build or move their instances matter.
         names = set(self.ties)
@@ -355,7 +355,7 @@ class TiedWeights(Transform):
                 names.add(match.group(1))
         for name in list(names):  # and the variables that hold instances: `model.to(device)`
             names.update(re.findall(rf"(\w+)\s*=\s*{re.escape(name)}\b", source))
-        return names
+        return super().statement_triggers(source) | names
 
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)

@@ -107,6 +107,8 @@ def need_device_module(ctx) -> None:
 
 @transform("TPU101")
 class CudaDevice(Transform):
+    reads_device_facts = True
+
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self.not_devices: set[int] = set()  # id() of expressions that build a non-device name
@@ -312,6 +314,8 @@ class CudaDevice(Transform):
 
 @transform("TPU102")
 class CudaMethod(Transform):
+    reads_device_facts = True
+
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         func = original.func
         if not isinstance(func, cst.Attribute) or func.attr.value != "cuda":

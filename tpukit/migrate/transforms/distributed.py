@@ -385,9 +385,9 @@ class DistributedDataParallelArgs(Transform):
 
 @transform("TPU403")
 class DataParallel(Transform):
-    @staticmethod
-    def extra_triggers(source: str) -> set[str]:
-        return {".module"} if _DATA_PARALLEL_ASSIGN.search(source) else set()
+    def statement_triggers(self, source: str) -> set[str]:
+        module = {".module"} if _DATA_PARALLEL_ASSIGN.search(source) else set()
+        return super().statement_triggers(source) | module
 
     def _wrapped_names(self) -> set[str]:
         return self.ctx.memo("data_parallel_names",
@@ -428,9 +428,9 @@ class DataParallel(Transform):
 
 @transform("TPU404")
 class SpawnLaunch(Transform):
-    @staticmethod
-    def extra_triggers(source: str) -> set[str]:
-        return set(_SPAWNED.findall(source))  # the spawned function's own statement
+    def statement_triggers(self, source: str) -> set[str]:
+        # the spawned function's own statement
+        return super().statement_triggers(source) | set(_SPAWNED.findall(source))
 
     def _spawn_statement(self, node, call: cst.BaseExpression):
         """TorchTPU: `mp.spawn` stays; the parent sets TorchTPU's launch environment first."""
@@ -507,11 +507,13 @@ def _is_docstring(stmt: cst.CSTNode) -> bool:
 
 @transform("TPU405")
 class TorchrunRanks(Transform):
-    @staticmethod
-    def extra_triggers(source: str) -> set[str]:
+    reads_device_facts = True
+
+    def statement_triggers(self, source: str) -> set[str]:
         """`.to(NAME` and `device(NAME` for the rank names this file assigns or spawns with."""
-        return {f"{prefix}{name}" for name in file_rank_names(source)
-                for prefix in (".to(", "device(", ".to(self.")}
+        return super().statement_triggers(source) | {
+            f"{prefix}{name}" for name in file_rank_names(source)
+            for prefix in (".to(", "device(", ".to(self.")}
 
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)

@@ -339,6 +339,14 @@ def find_steps(ctx, loop: cst.For | cst.While) -> _StepFinder:
 class DeviceLoader(Transform):
     """A DataLoader that a loop iterates is wrapped in MpDeviceLoader; pin_memory dropped."""
 
+    reads_device_facts = True
+
+    def statement_triggers(self, source: str) -> set[str]:
+        # `self.train_data.sampler.set_epoch(epoch)` makes `train_data` a loader: the loop
+        # over it holds none of the rule's own words.
+        sampled = {n for n in _LOADER_SAMPLER.findall(source) if "sampler" not in n.lower()}
+        return super().statement_triggers(source) | sampled
+
     def leave_For(self, original: cst.For, updated: cst.For):
         found = loader_in_iter(self.ctx, original.iter)
         if found is None:
