@@ -31,7 +31,6 @@ from tpukit.migrate.prune import Layout
 from tpukit.migrate.suppressing import SuppressedHooks
 from tpukit.migrate.transforms import load_transforms
 from tpukit.migrate.transforms.base import HookTable, StatementPlan, transform_for
-from tpukit.migrate.transforms.devices import is_device_value
 from tpukit.rules import Rule
 from tpukit.suppress import Suppressions, split, unused_findings
 
@@ -187,10 +186,6 @@ class MigrationBug(Exception):
         self.line = line
 
 
-def _is_none(expr: cst.BaseExpression | None) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "None"
-
-
 def _line_of(top: cst.CSTNode | None, layout: Layout) -> int | None:
     """The first code line of a top-level statement (after its leading blank lines)."""
     if top is None or id(top) not in layout.first_line:
@@ -260,6 +255,8 @@ class Rewriter(cst.CSTTransformer):
         super().__init__()
         self.ctx = ctx
         self.hooks = hooks
+        # What the traversal tells the shared facts, before any rule's hook.
+        self.facts = HookTable(list(ctx.facts))
         self.skip = layout.skip
         self.top_level = layout.first_line
         self.planned: dict[cst.CSTNode, object] = {}
@@ -273,7 +270,7 @@ class Rewriter(cst.CSTTransformer):
         if id(node) in self.skip:
             return False
         if id(node) in self.top_level:
-            ctx.current_top = node
+            ctx.sink.current_top = node
         if isinstance(node, cst.Import):
             ctx.add_import(node)
             ctx.in_import = True
@@ -282,27 +279,16 @@ class Rewriter(cst.CSTTransformer):
             ctx.in_import = True
         elif isinstance(node, cst.FormattedString):
             ctx.fstring_quotes.append(node.quote)
-        elif isinstance(node, cst.Assign) and is_device_value(ctx, node.value):
-            for target in node.targets:
-                if isinstance(target.target, cst.Name):
-                    ctx.bind_device(target.target.value)
-        if isinstance(node, cst.Assign):
+        elif isinstance(node, cst.Assign):
             ctx.assign_targets.append([terminal_name(t.target) for t in node.targets])
-        if isinstance(node, cst.FunctionDef) and (why := cuda_only_function(node)):
-            ctx.cuda_only.append(why)
-        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
-            params = node.params.params + node.params.kwonly_params + node.params.posonly_params
-            # `device=None` is no device: `.cuda(device)` there means the current one.
-            ctx.push_scope({p.name.value for p in params if p.name.value == "device"
-                            and not _is_none(p.default)})
+        elif isinstance(node, (cst.FunctionDef, cst.Lambda)):
+            if isinstance(node, cst.FunctionDef) and (why := cuda_only_function(node)):
+                ctx.cuda_only.append(why)
             ctx.functions.append(node)
-        elif isinstance(node, (cst.Param, cst.Decorator)):
-            ctx.header_depth += 1  # evaluated where the def is, not when it is called
-        elif isinstance(node, (cst.If, cst.For, cst.While)):
-            ctx.enter_branches(node)
-        elif isinstance(node, cst.BaseSuite):
-            ctx.enter_block(node)
-        for hook in self.hooks.visit.get(type(node).__name__, ()):
+        kind = type(node).__name__
+        for fact in self.facts.visit.get(kind, ()):
+            fact(node)
+        for hook in self.hooks.visit.get(kind, ()):
             reported = len(ctx.reports)
             plan = hook(node)
             if plan is not None:
@@ -318,23 +304,16 @@ class Rewriter(cst.CSTTransformer):
             return updated
         if isinstance(original, cst.Assign):
             self.ctx.assign_targets.pop()
-        if isinstance(original, cst.FunctionDef) and cuda_only_function(original):
-            self.ctx.cuda_only.pop()
-        if isinstance(original, (cst.FunctionDef, cst.Lambda)):
-            self.ctx.pop_scope()
+        elif isinstance(original, (cst.FunctionDef, cst.Lambda)):
+            if isinstance(original, cst.FunctionDef) and cuda_only_function(original):
+                self.ctx.cuda_only.pop()
             self.ctx.functions.pop()
-        elif isinstance(original, (cst.Param, cst.Decorator)):
-            self.ctx.header_depth -= 1
-        elif isinstance(original, cst.BaseSuite):
-            self.ctx.leave_block(original)
-        elif isinstance(original, cst.If):
-            self.ctx.leave_if(original)
-        elif isinstance(original, (cst.For, cst.While)):
-            self.ctx.leave_loop(original)
         elif isinstance(original, (cst.Import, cst.ImportFrom)):
             self.ctx.in_import = False
         elif isinstance(original, cst.FormattedString):
             self.ctx.fstring_quotes.pop()
+        for fact in self.facts.leave.get(type(original).__name__, ()):
+            fact(original)
         if original in self.planned:
             return self.planned.pop(original)
         if isinstance(updated, cst.SimpleStatementLine) and any(
