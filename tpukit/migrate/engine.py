@@ -288,16 +288,37 @@ class Rewriter(cst.CSTTransformer):
         kind = type(node).__name__
         for fact in self.facts.visit.get(kind, ()):
             fact(node)
-        for hook in self.hooks.visit.get(kind, ()):
+        hooks = self.hooks.visit.get(kind, ())
+        for i, hook in enumerate(hooks):
             reported = len(ctx.reports)
             plan = hook(node)
             if plan is not None:
+                if i + 1 < len(hooks):
+                    self._no_rival(node, hook, hooks[i + 1:])
                 if isinstance(plan, StatementPlan):
                     self.statement_plans[node] = plan
                 else:
                     self.planned[node] = _unless_splats_lost(ctx, node, plan, reported)
                 return False
         return True
+
+    def _no_rival(self, node: cst.CSTNode, hook, rivals) -> None:
+        """A rule planned `node`: no other rule may plan it too (which one would win is an
+        accident of order). The rivals run as a probe whose reports and needs are undone."""
+        sink = self.ctx.sink
+        point = sink.checkpoint()
+        try:
+            for rival in rivals:
+                if getattr(rival, "hook", rival)(node) is not None:
+                    first, second = rule_of(hook).code, rule_of(rival).code
+                    top = self.ctx.current_top
+                    line = self.top_level.get(id(top))
+                    raise MigrationBug(
+                        f"rules {first} and {second} both rewrite `{self.ctx.short(node)}`; "
+                        "file left unchanged, please report this",
+                        None if line is None else line + len(getattr(top, "leading_lines", ())))
+        finally:
+            sink.rollback(point)
 
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
         if id(original) in self.skip:
@@ -419,6 +440,11 @@ class Rewriter(cst.CSTTransformer):
                 )
             )
         return block.with_changes(body=body)
+
+
+def rule_of(hook):
+    """The rule whose hook this is (a suppression trial wraps the rule's own in `.hook`)."""
+    return getattr(hook, "hook", hook).__self__.rule
 
 
 def _arg_code(arg: cst.Arg) -> str:

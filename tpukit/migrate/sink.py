@@ -139,3 +139,24 @@ class EditSink:
 
     def need_import(self, alias: str) -> None:
         self.imports_needed.add(alias)
+
+    def checkpoint(self) -> tuple:
+        """The sink's state now, to undo what hooks ask for after it (`rollback`)."""
+        return (len(self.reports), set(self.imports_needed), set(self.side_effect_imports),
+                set(self.helpers_needed), dict(self.guards), dict(self.guarded_after),
+                set(self.handled))
+
+    def rollback(self, checkpoint: tuple, keep_handled: bool = False) -> list[Report]:
+        """Back to `checkpoint`: the reports made since are removed and returned; the nodes
+        they spoke for stay spoken for with `keep_handled`."""
+        reported, *saved, handled = checkpoint
+        for now, then in zip((self.imports_needed, self.side_effect_imports, self.helpers_needed,
+                              self.guards, self.guarded_after), saved):
+            now.clear()
+            now.update(then)
+        if not keep_handled:
+            self.handled.clear()
+            self.handled.update(handled)
+        undone = self.reports[reported:]
+        del self.reports[reported:]
+        return undone

@@ -40,8 +40,11 @@ class SuppressedHooks:
 
     def _trial(self, hook, leave: bool):
         if leave:
-            return lambda original, updated: self._run(hook, original, (original, updated))
-        return lambda node: self._run(hook, node, (node,))
+            trial = lambda original, updated: self._run(hook, original, (original, updated))  # noqa: E731
+        else:
+            trial = lambda node: self._run(hook, node, (node,))  # noqa: E731
+        trial.hook = hook  # the rule's own hook (engine.rule_of)
+        return trial
 
     def _covered(self, report: Report, at: cst.CSTNode) -> bool:
         span = self.positions.get(report.node) or self.positions.get(at)
@@ -54,19 +57,13 @@ class SuppressedHooks:
 
     def _run(self, hook, node: cst.CSTNode, args: tuple):
         ctx = self.ctx
-        before = len(ctx.reports)
-        saved = (set(ctx.imports_needed), set(ctx.side_effect_imports), set(ctx.helpers_needed),
-                 dict(ctx.guards), dict(ctx.guarded_after))
+        point = ctx.sink.checkpoint()
         result = hook(*args)
-        new = ctx.reports[before:]
+        new = ctx.reports[point[0]:]
         covered = [self._covered(r, node) for r in new]
         if not any(covered):
             return result
-        for now, then in zip((ctx.imports_needed, ctx.side_effect_imports, ctx.helpers_needed,
-                              ctx.guards, ctx.guarded_after), saved):
-            now.clear()
-            now.update(then)
-        del ctx.reports[before:]
+        ctx.sink.rollback(point, keep_handled=True)  # spoken for: no other rule's finding
         for report, suppressed in zip(new, covered):
             if suppressed:
                 self.suppressed.append(report)
