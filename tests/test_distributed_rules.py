@@ -92,3 +92,35 @@ def test_nccl_settings_become_the_backend_of_the_target_and_gloo_stays():
                                "backend = 'xla'\ncpu_backend = 'gloo'\nname = 'nccl'\n"
                                "b = \"xla\"\n")
     assert "backend = 'tpu_dist'\n" in migrate(source, "torchtpu")
+
+
+# -- TPU409: optimizers found by qualified name, in code (not comments or strings) ----------
+_TPU409_HEAD = "import torch.distributed as dist\n{imports}\ndist.init_process_group('gloo')\n"
+
+
+@pytest.mark.parametrize("imports,make", [
+    ("import torch as th", "th.optim.SGD(params, lr=0.1)"),
+    ("from torch.optim import SGD", "SGD(params, lr=0.1)"),
+    ("from torch import optim", "optim.AdamW(params)"),
+    ("import torch", "torch.optim.SGD(params, lr=0.1)"),
+])
+def test_tpu409_finds_the_optimizer_however_torch_optim_is_imported(imports, make):
+    out = migrate(_TPU409_HEAD.format(imports=imports) + f"opt = {make}\nopt.step()\n")
+    assert "xm.optimizer_step(opt)" in out and "opt.step()" not in out
+
+
+def test_tpu409_a_scheduler_or_another_library_is_no_optimizer():
+    head = _TPU409_HEAD.format(imports="import torch\nimport mylib.optim as optim")
+    out = migrate(head + "sched = torch.optim.lr_scheduler.StepLR(o, 1)\nsched.step()\n"
+                  "opt = optim.SGD(params)\nopt.step()\n")
+    assert "sched.step()" in out and "opt.step()" in out and "optimizer_step" not in out
+
+
+def test_tpu409_a_comment_or_string_naming_ddp_does_not_turn_it_off():
+    head = _TPU409_HEAD.format(imports="import torch")
+    source = (head + "# no DistributedDataParallel here: we average by hand (DDP(...) is slow)\n"
+              "NOTE = 'DistributedDataParallel'\nopt = torch.optim.SGD(params)\nopt.step()\n")
+    assert "xm.optimizer_step(opt)" in migrate(source)
+    used = head + "from torch.nn.parallel import DistributedDataParallel as DDP\n" \
+        "model = DDP(model)\nopt = torch.optim.SGD(params)\nopt.step()\n"
+    assert "opt.step()" in migrate(used)  # DDP averages the gradients itself

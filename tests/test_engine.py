@@ -85,6 +85,27 @@ def test_unimported_cuda_name_is_not_torch():
     assert codes(source) == []
 
 
+@pytest.mark.parametrize("rebinding", [
+    "cuda = mylib.FakeCuda()",
+    "cuda: FakeCuda = mylib.FakeCuda()",
+    "cuda, other = mylib.fakes()",
+    "def cuda():\n    return mylib.FakeCuda()",
+    "class cuda:\n    synchronize = staticmethod(print)",
+])
+def test_a_module_level_rebinding_ends_the_import_for_the_code_after_it(rebinding):
+    before = "import mylib\nfrom torch import cuda\ncuda.synchronize()\n"
+    after = f"{rebinding}\ncuda.synchronize()\ndef f():\n    cuda.synchronize()\n"
+    result = out(before + after)
+    assert result.count("torch_xla.sync()") == 1 and result.endswith(after)
+
+
+def test_a_rebinding_inside_a_block_is_conditional_and_an_import_after_it_counts_again():
+    guarded = "try:\n    from torch import cuda\nexcept ImportError:\n    cuda = None\ncuda.synchronize()\n"
+    assert "torch_xla.sync()" in out(guarded)
+    again = "from torch import cuda\ncuda = 1\nfrom torch import cuda\ncuda.synchronize()\n"
+    assert "torch_xla.sync()" in out(again)
+
+
 @pytest.mark.parametrize(
     "source",
     [
@@ -538,3 +559,27 @@ def test_a_typed_tensor_alias_inside_a_function_is_rewritten_with_its_casts():
     assert "    Tensor = _XlaTensorType(torch.float32)\n" in found.new_source
     assert "imgs.to(Tensor.device, Tensor.dtype)" in found.new_source  # not .type(<helper>)
     compile(found.new_source, "t.py", "exec")
+
+
+def test_two_rules_planning_one_node_is_a_conflict_not_a_matter_of_order(monkeypatch):
+    """Which of two rules' replacements of one node wins must not depend on their order:
+    the file is left unchanged and both rules are named."""
+    from tpukit.migrate import engine
+    from tpukit.migrate.transforms.base import Transform
+
+    class Plans(Transform):
+        def visit_Call(self, node):
+            if self.ctx.qualify(node.func) == "torch.cuda.synchronize":
+                self.ctx.report(self.rule, node, "mine", applied=True)
+                return cst.parse_expression(f"mine_{self.rule.code}()")
+            return None
+
+    monkeypatch.setattr(engine, "transform_for", lambda rule: Plans)
+    rules = [r for r in select_rules([], []) if r.code in ("TPU101", "TPU102")]
+    source = "import torch\n\ntorch.cuda.synchronize()\n"
+    with pytest.raises(engine.MigrationBug, match=r"rules TPU101 and TPU102 both rewrite "
+                       r"`torch.cuda.synchronize\(\)`") as raised:
+        migrate_source(source, "t.py", MigrateOptions(rules=rules))
+    assert raised.value.line == 3
+    alone = migrate_source(source, "t.py", MigrateOptions(rules=rules[:1]))
+    assert alone.new_source.endswith("mine_TPU101()\n")

@@ -78,6 +78,9 @@ def migrate(
     follow_imports: bool = typer.Option(
         True, "--follow-imports/--no-follow-imports",
         help="Also migrate the local modules a named script imports (from its own folder)."),
+    strict: bool = typer.Option(
+        False, "--strict",
+        help="Also report `# tpukit: ignore` comments that silence nothing (TPU009)."),
 ) -> None:
     """Rewrite CUDA code for TPU in place (or --diff, --check, -o DIR)."""
     from tpukit.errors import UsageError
@@ -108,6 +111,7 @@ def migrate(
         paths=list(paths), config=config, mode=mode, out_dir=out, fmt=fmt, jobs=jobs,
         quiet=quiet, exit_zero=exit_zero, show_fixes=show_fixes,
         select=_codes(select), ignore=_codes(ignore), follow_imports=follow_imports,
+        strict=strict,
     )
     try:
         code = run_migrate(request)

@@ -46,6 +46,7 @@ class MigrateRequest:
     ignore: list[str] = field(default_factory=list)
     # A named script's local modules (local_imports.py) are migrated with it.
     follow_imports: bool = True
+    strict: bool = False  # also report suppression comments that silence nothing (TPU009)
     followed: list[Path] = field(default_factory=list)  # filled by build_jobs
 
 
@@ -108,6 +109,7 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
             target=cfg.target,
             eager_mode=cfg.eager_mode if cfg.target == "torchtpu" else None,
             unsafe_fixes=cfg.unsafe_fixes,
+            strict=request.strict,
             out_path=_mirror(f, base, request.out_dir) if request.out_dir else None,
         )
         for f in files
@@ -144,6 +146,9 @@ def summarize(request: MigrateRequest, results: list[FileResult],
         "errors": errors,
         "mode": request.mode.value,
     }
+    suppressed = [s for r in results for s in r.suppressed]
+    if suppressed:  # findings `# tpukit: ignore` comments silenced, with the comment
+        summary["suppressed"] = suppressed
     if not results:
         return summary, "No Python files found."
     verb = {
@@ -159,6 +164,8 @@ def summarize(request: MigrateRequest, results: list[FileResult],
     )
     if errors:
         line += f"; {errors} file{'s' if errors != 1 else ''} could not be migrated"
+    if suppressed:
+        line += f"; {len(suppressed)} suppressed by comments"
     line += "."
     if request.followed:
         names = [display_path(p) for p in request.followed]

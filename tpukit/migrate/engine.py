@@ -28,10 +28,11 @@ from tpukit.migrate.guards import (
     restore_unported,
 )
 from tpukit.migrate.prune import Layout
+from tpukit.migrate.suppressing import SuppressedHooks
 from tpukit.migrate.transforms import load_transforms
 from tpukit.migrate.transforms.base import HookTable, StatementPlan, transform_for
-from tpukit.migrate.transforms.devices import is_device_value
 from tpukit.rules import Rule
+from tpukit.suppress import Suppressions, split, unused_findings
 
 COMMENT_PREFIX = "# tpukit: "
 # Imports whose names a rewrite can leave unused (torch.cuda.*, cuDNN flags, accelerator API,
@@ -56,6 +57,11 @@ class MigrateOptions:
     eager_mode: str | None = None
     # False: only decide whether anything changes (check mode): skips the import fix-up.
     render_source: bool = True
+    # Also report suppression comments that silence nothing (TPU009).
+    strict: bool = False
+    # False: parse every file and traverse every statement, whatever its trigger words (the
+    # test that every rule declares the words it needs compares both ways).
+    prune: bool = True
 
 
 @dataclass
@@ -64,6 +70,8 @@ class Migration:
     new_source: str  # equals `source` in check mode, where the new text is not rendered
     findings: list[Finding] = field(default_factory=list)
     changed: bool = False
+    # Findings a `# tpukit: ignore` comment silenced: each finding's dict plus `suppressed_by`.
+    suppressed: list[dict] = field(default_factory=list)
 
 
 load_transforms()
@@ -73,48 +81,79 @@ def triggers_of(rules: list[Rule]) -> tuple[str, ...]:
     return tuple(sorted({t for rule in rules for t in rule.triggers}))
 
 
-def statement_triggers_of(rules: list[Rule]) -> tuple[str, ...]:
-    return tuple(sorted({t for r in rules for t in (r.statement_triggers or r.triggers)}))
-
-
 def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration:
     """Migrate one file's text. Raises libcst.ParserSyntaxError on invalid Python."""
-    if not any(trigger in source for trigger in triggers_of(options.rules)):
-        return Migration(source, source)
+    suppressions = Suppressions.from_source(source)
+    if options.prune and not any(trigger in source for trigger in triggers_of(options.rules)):
+        return _silenced(Migration(source, source), [], suppressions, path, options)
     module = cst.parse_module(source)
     ctx = MigrationContext(module, options.target, options.unsafe_fixes, source, path)
     transforms = []
-    triggers = set(statement_triggers_of(options.rules))
+    triggers: set[str] = set()
     for rule in options.rules:
         if rule.skips(options.target):
             continue
         cls = transform_for(rule)
         if cls is not None:
             transforms.append(cls(rule, ctx))
-            triggers |= transforms[-1].extra_triggers(source)
+            triggers |= transforms[-1].statement_triggers(source)
     layout = Layout(module, source, tuple(sorted(triggers)))
-    rewriter = Rewriter(ctx, HookTable(transforms), layout)
+    if not options.prune:
+        layout.skip.clear()
+    hooks = HookTable(transforms)
+    trial = None
+    if suppressions:
+        trial = SuppressedHooks(ctx, module, suppressions, {t.rule.code for t in transforms})
+        hooks.visit, hooks.leave = trial.wrap(hooks.visit, False), trial.wrap(hooks.leave, True)
+    rewriter = Rewriter(ctx, hooks, layout)
     try:
         new_module = module.visit(rewriter)
     except (RecursionError, MigrationBug):
         raise
     except Exception as exc:  # a rule's bug: said at the statement it was rewriting
         raise MigrationBug(f"{type(exc).__name__}: {exc}", _line_of(ctx.current_top, layout)) from exc
+    silenced = []
+    if trial is not None:
+        silenced = _findings(ctx, trial.suppressed, trial.positions, path)
     if not ctx.reports:
-        return Migration(source, source)
-    findings = _findings(ctx, module, layout, path)
+        return _silenced(Migration(source, source), silenced, suppressions, path, options)
+    positions = trial.positions if trial is not None else _positions(module, layout, ctx.reports)
+    findings = _findings(ctx, ctx.reports, positions, path)
     changed = any(r.applied for r in ctx.reports)
     if not changed:
-        return Migration(source, source, findings)
+        return _silenced(Migration(source, source, findings), silenced, suppressions, path,
+                         options)
     if not options.render_source:
-        return Migration(source, source, findings, changed=True)
+        return _silenced(Migration(source, source, findings, changed=True), silenced,
+                         suppressions, path, options)
     new_module = _fix_imports(new_module, ctx)
     new_module = helpers.insert(new_module, ctx.helpers_needed)
     if options.eager_mode is not None and not _SETS_EAGER_MODE.search(source):
         new_module = _set_eager_mode(new_module, ctx, options.eager_mode)
     new_source = new_module.code
     _check_still_python(source, new_source, path)
-    return Migration(source, new_source, findings, changed=new_source != source)
+    return _silenced(Migration(source, new_source, findings, changed=new_source != source),
+                     silenced, suppressions, path, options)
+
+
+def _silenced(migration: Migration, silenced: list[Finding], suppressions: Suppressions,
+              path: str, options: MigrateOptions) -> Migration:
+    """The findings the file's suppression comments silenced (`silenced`: the rules' own,
+    whose fixes were not applied; a finding not applied that a comment covers, made outside
+    a rule's hook, too), and with --strict the comments that silenced nothing (TPU009)."""
+    if not suppressions and not suppressions.bad:
+        return migration
+    unapplied = [f for f in migration.findings if not f.applied]
+    _, migration.suppressed = split(silenced, suppressions)
+    kept, more = split(unapplied, suppressions)
+    if more:
+        gone = {id(f) for f in unapplied} - {id(f) for f in kept}
+        migration.findings = [f for f in migration.findings if id(f) not in gone]
+        migration.suppressed += more
+    if options.strict:
+        migration.findings = sorted([*migration.findings, *unused_findings(path, suppressions)],
+                                    key=Finding.sort_key)
+    return migration
 
 
 # The file sets (`torch.tpu.eager_mode = ...`) or enters (`set_eager_mode(...)`) a mode already.
@@ -145,10 +184,6 @@ class MigrationBug(Exception):
     def __init__(self, message: str, line: int | None = None) -> None:
         super().__init__(message)
         self.line = line
-
-
-def _is_none(expr: cst.BaseExpression | None) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "None"
 
 
 def _line_of(top: cst.CSTNode | None, layout: Layout) -> int | None:
@@ -199,10 +234,9 @@ def _positions(module: cst.Module, layout: Layout, reports) -> dict:
     return positions
 
 
-def _findings(ctx: MigrationContext, module: cst.Module, layout: Layout, path: str) -> list[Finding]:
-    positions = _positions(module, layout, ctx.reports)
+def _findings(ctx: MigrationContext, reports, positions: dict, path: str) -> list[Finding]:
     findings = []
-    for report in ctx.reports:
+    for report in reports:
         pos = positions.get(report.node)
         location = (
             Location(path, pos.start.line, pos.start.column + 1, pos.end.line, pos.end.column + 1)
@@ -221,6 +255,8 @@ class Rewriter(cst.CSTTransformer):
         super().__init__()
         self.ctx = ctx
         self.hooks = hooks
+        # What the traversal tells the shared facts, before any rule's hook.
+        self.facts = HookTable(list(ctx.facts))
         self.skip = layout.skip
         self.top_level = layout.first_line
         self.planned: dict[cst.CSTNode, object] = {}
@@ -229,11 +265,12 @@ class Rewriter(cst.CSTTransformer):
 
     # Bookkeeping that every rule relies on, then the rules' own hooks.
     def on_visit(self, node: cst.CSTNode) -> bool:
+        ctx = self.ctx
+        ctx.reached(node)
         if id(node) in self.skip:
             return False
-        ctx = self.ctx
         if id(node) in self.top_level:
-            ctx.current_top = node
+            ctx.sink.current_top = node
         if isinstance(node, cst.Import):
             ctx.add_import(node)
             ctx.in_import = True
@@ -242,30 +279,22 @@ class Rewriter(cst.CSTTransformer):
             ctx.in_import = True
         elif isinstance(node, cst.FormattedString):
             ctx.fstring_quotes.append(node.quote)
-        elif isinstance(node, cst.Assign) and is_device_value(ctx, node.value):
-            for target in node.targets:
-                if isinstance(target.target, cst.Name):
-                    ctx.bind_device(target.target.value)
-        if isinstance(node, cst.Assign):
+        elif isinstance(node, cst.Assign):
             ctx.assign_targets.append([terminal_name(t.target) for t in node.targets])
-        if isinstance(node, cst.FunctionDef) and (why := cuda_only_function(node)):
-            ctx.cuda_only.append(why)
-        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
-            params = node.params.params + node.params.kwonly_params + node.params.posonly_params
-            # `device=None` is no device: `.cuda(device)` there means the current one.
-            ctx.push_scope({p.name.value for p in params if p.name.value == "device"
-                            and not _is_none(p.default)})
+        elif isinstance(node, (cst.FunctionDef, cst.Lambda)):
+            if isinstance(node, cst.FunctionDef) and (why := cuda_only_function(node)):
+                ctx.cuda_only.append(why)
             ctx.functions.append(node)
-        elif isinstance(node, (cst.Param, cst.Decorator)):
-            ctx.header_depth += 1  # evaluated where the def is, not when it is called
-        elif isinstance(node, (cst.If, cst.For, cst.While)):
-            ctx.enter_branches(node)
-        elif isinstance(node, cst.BaseSuite):
-            ctx.enter_block(node)
-        for hook in self.hooks.visit.get(type(node).__name__, ()):
+        kind = type(node).__name__
+        for fact in self.facts.visit.get(kind, ()):
+            fact(node)
+        hooks = self.hooks.visit.get(kind, ())
+        for i, hook in enumerate(hooks):
             reported = len(ctx.reports)
             plan = hook(node)
             if plan is not None:
+                if i + 1 < len(hooks):
+                    self._no_rival(node, hook, hooks[i + 1:])
                 if isinstance(plan, StatementPlan):
                     self.statement_plans[node] = plan
                 else:
@@ -273,28 +302,39 @@ class Rewriter(cst.CSTTransformer):
                 return False
         return True
 
+    def _no_rival(self, node: cst.CSTNode, hook, rivals) -> None:
+        """A rule planned `node`: no other rule may plan it too (which one would win is an
+        accident of order). The rivals run as a probe whose reports and needs are undone."""
+        sink = self.ctx.sink
+        point = sink.checkpoint()
+        try:
+            for rival in rivals:
+                if getattr(rival, "hook", rival)(node) is not None:
+                    first, second = rule_of(hook).code, rule_of(rival).code
+                    top = self.ctx.current_top
+                    line = self.top_level.get(id(top))
+                    raise MigrationBug(
+                        f"rules {first} and {second} both rewrite `{self.ctx.short(node)}`; "
+                        "file left unchanged, please report this",
+                        None if line is None else line + len(getattr(top, "leading_lines", ())))
+        finally:
+            sink.rollback(point)
+
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
         if id(original) in self.skip:
             return updated
         if isinstance(original, cst.Assign):
             self.ctx.assign_targets.pop()
-        if isinstance(original, cst.FunctionDef) and cuda_only_function(original):
-            self.ctx.cuda_only.pop()
-        if isinstance(original, (cst.FunctionDef, cst.Lambda)):
-            self.ctx.pop_scope()
+        elif isinstance(original, (cst.FunctionDef, cst.Lambda)):
+            if isinstance(original, cst.FunctionDef) and cuda_only_function(original):
+                self.ctx.cuda_only.pop()
             self.ctx.functions.pop()
-        elif isinstance(original, (cst.Param, cst.Decorator)):
-            self.ctx.header_depth -= 1
-        elif isinstance(original, cst.BaseSuite):
-            self.ctx.leave_block(original)
-        elif isinstance(original, cst.If):
-            self.ctx.leave_if(original)
-        elif isinstance(original, (cst.For, cst.While)):
-            self.ctx.leave_loop(original)
         elif isinstance(original, (cst.Import, cst.ImportFrom)):
             self.ctx.in_import = False
         elif isinstance(original, cst.FormattedString):
             self.ctx.fstring_quotes.pop()
+        for fact in self.facts.leave.get(type(original).__name__, ()):
+            fact(original)
         if original in self.planned:
             return self.planned.pop(original)
         if isinstance(updated, cst.SimpleStatementLine) and any(
@@ -400,6 +440,11 @@ class Rewriter(cst.CSTTransformer):
                 )
             )
         return block.with_changes(body=body)
+
+
+def rule_of(hook):
+    """The rule whose hook this is (a suppression trial wraps the rule's own in `.hook`)."""
+    return getattr(hook, "hook", hook).__self__.rule
 
 
 def _arg_code(arg: cst.Arg) -> str:

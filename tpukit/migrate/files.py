@@ -46,6 +46,7 @@ class Job:
     unsafe_fixes: bool
     out_path: Path | None = None
     eager_mode: str | None = None
+    strict: bool = False  # also report suppression comments that silence nothing
 
 
 @dataclass
@@ -55,6 +56,7 @@ class FileResult:
     changed: bool = False
     error: FileError | None = None
     diff: str | None = None
+    suppressed: list[dict] = field(default_factory=list)  # silenced by `# tpukit: ignore`
 
 
 # -- discovery -------------------------------------------------------------------------
@@ -182,6 +184,7 @@ def process(job: Job) -> FileResult:
         unsafe_fixes=job.unsafe_fixes,
         eager_mode=job.eager_mode,
         render_source=job.mode is not Mode.CHECK,
+        strict=job.strict,
     )
     try:
         migration = migrate_source(source, job.display, options)
@@ -195,6 +198,7 @@ def process(job: Job) -> FileResult:
         result.error = FileError(job.display, "too deeply nested for the parser")
         return result
     result.findings = migration.findings
+    result.suppressed = migration.suppressed
     try:
         if job.mode is Mode.WRITE and migration.changed:
             if _read_only(job.path):

@@ -146,7 +146,8 @@ def _defined(module: cst.Module) -> set[str]:
     return {s.name.value for s in module.body if isinstance(s, (cst.FunctionDef, cst.ClassDef))}
 
 
-def _is_import_line(stmt: cst.CSTNode) -> bool:
+def _imports_only(stmt: cst.CSTNode) -> bool:
+    """A simple statement line of imports and nothing else."""
     return isinstance(stmt, cst.SimpleStatementLine) and all(
         isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
     )
@@ -156,7 +157,7 @@ def _after_imports(body: list) -> int:
     """The index after the last import of the file's opening block of imports (and docstring)."""
     position = 0
     for i, stmt in enumerate(body):
-        if _is_import_line(stmt):
+        if _imports_only(stmt):
             position = i + 1
         elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             break
@@ -167,7 +168,7 @@ def imports_module(module: cst.Module, name: str) -> bool:
     """Does the file import `name` (`import name`) at its top level?"""
     return any(
         isinstance(s, cst.Import) and any(a.name.value == name and a.asname is None for a in s.names)
-        for stmt in module.body if _is_import_line(stmt) for s in stmt.body
+        for stmt in module.body if _imports_only(stmt) for s in stmt.body
     )
 
 

@@ -46,7 +46,8 @@ def _first_line(node: ast.stmt) -> int:
     return min([node.lineno, *(d.lineno for d in decorators)])
 
 
-def _is_import_line(stmt: cst.CSTNode) -> bool:
+def _holds_import(stmt: cst.CSTNode) -> bool:
+    """A simple statement line with an import among its statements."""
     return isinstance(stmt, cst.SimpleStatementLine) and any(
         isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
     )
@@ -82,7 +83,7 @@ class Layout:
                 # Imports feed name resolution, so never skip them: bare, or inside a
                 # try/if block (`try: import torch`). A def's local imports stay local.
                 defines = isinstance(stmt, (cst.FunctionDef, cst.ClassDef))
-                if not _is_import_line(stmt) and (defines or "import" not in text):
+                if not _holds_import(stmt) and (defines or "import" not in text):
                     self.skip.add(id(stmt))
             elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and isinstance(
                 stmt.body, cst.IndentedBlock

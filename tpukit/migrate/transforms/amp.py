@@ -40,11 +40,6 @@ _TIE = re.compile(r"self\.[\w.]+\.weight\s*=\s*self\.[\w.]+\.weight")
 _SCALER_ASSIGN = re.compile(r"(\w+)\s*(?::[^=\n]+)?=\s*[\w.]*GradScaler\s*\(")
 
 
-def _arg(value: str | cst.BaseExpression, keyword: str | None = None) -> cst.Arg:
-    expr = cst.parse_expression(value) if isinstance(value, str) else value
-    return cst.Arg(expr) if keyword is None else keyword_arg(keyword, expr)
-
-
 @transform("TPU201")
 class Autocast(Transform):
     """`torch.cuda.amp.autocast(...)`, `torch.autocast("cuda", ...)`, `torch.amp.autocast(
@@ -61,7 +56,7 @@ class Autocast(Transform):
         if name in CUDA_AUTOCAST:
             enabled = find_keyword(updated, "enabled")
             if enabled is None and updated.args and updated.args[0].keyword is None:
-                enabled = _arg(updated.args[0].value, "enabled")
+                enabled = keyword_arg("enabled", updated.args[0].value)
             kept = [a for a in updated.args if a.keyword and a.keyword.value == "cache_enabled"]
             return self._rewrite(original, updated, [enabled, *kept])
         if name not in DEVICE_AUTOCAST:
@@ -97,7 +92,8 @@ class Autocast(Transform):
         def build():
             for module in self.mapping.get("imports", ()):  # the module that registers the device
                 self.ctx.need_import(module)
-            args = [_arg(f'"{self.mapping["device_type"]}"'), _arg(f"{torch}.bfloat16", "dtype")]
+            args = [cst.Arg(cst.parse_expression(f'"{self.mapping["device_type"]}"')),
+                    keyword_arg("dtype", cst.parse_expression(f"{torch}.bfloat16"))]
             args += [a for a in kept if a is not None]
             return updated.with_changes(
                 func=cst.parse_expression(f"{torch}.autocast"), args=with_commas(args)
@@ -349,7 +345,7 @@ class TiedWeights(Transform):
     which unties them: the migrated model trains two separate matrices. The tie is repeated
     right after the model is moved."""
 
-    def extra_triggers(self, source: str) -> set[str]:
+    def statement_triggers(self, source: str) -> set[str]:
         # Classes that tie weights, here or in a module this file imports from beside it:
         # statements that build or move their instances matter.
         names = set(self.ties)
@@ -359,7 +355,7 @@ class TiedWeights(Transform):
                 names.add(match.group(1))
         for name in list(names):  # and the variables that hold instances: `model.to(device)`
             names.update(re.findall(rf"(\w+)\s*=\s*{re.escape(name)}\b", source))
-        return names
+        return super().statement_triggers(source) | names
 
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)

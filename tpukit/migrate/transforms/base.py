@@ -27,10 +27,17 @@ class StatementPlan:
     comment: str | None = None
 
 
+# Words of the statements that bind the script's device (`device = torch.device("cuda")`):
+# a rule that reads the device variable in scope needs them traversed.
+DEVICE_FACT_WORDS = ("device", "cuda")
+
+
 class Transform:
     # Qualified names this rule rewrites in a leave hook (after the generic unmapped-API rule
     # has looked at them): listed so that rule leaves them alone.
     claims: frozenset[str] = frozenset()
+    # Reads the device variable in scope (ctx.device_expr, device_in_scope).
+    reads_device_facts: bool = False
 
     def __init__(self, rule: Rule, ctx: MigrationContext) -> None:
         self.rule = rule
@@ -38,11 +45,17 @@ class Transform:
         self.mapping = rule.target(ctx.target)
         ctx.claimed.update(self.claims)
 
-    @staticmethod
-    def extra_triggers(source: str) -> set[str]:
-        """Words that make a statement worth traversing, found in this file's text (for names
-        only the file knows, e.g. a class whose instances the rule must follow)."""
-        return set()
+    def statement_triggers(self, source: str) -> set[str]:
+        """The one place that says which statements this rule must see (the others are not
+        traversed, prune.py): the rule file's `statement_triggers` (else its `triggers`), the
+        device-binding words for a rule that reads the device variable, and what a rule adds
+        from this file's text by overriding this (names only the file knows, e.g. a class
+        whose instances the rule must follow). tests/test_pruning.py fails when a word is
+        missing."""
+        words = set(self.rule.statement_triggers or self.rule.triggers)
+        if self.reads_device_facts:
+            words.update(DEVICE_FACT_WORDS)
+        return words
 
     def say(self, key: str, default: str, /, **values) -> str:
         """A message: this target's wording from the rule file (`[targets.T.messages]`) where

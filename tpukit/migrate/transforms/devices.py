@@ -25,41 +25,16 @@ from tpukit.migrate.context import (
     terminal_name,
     with_string,
 )
+from tpukit.migrate.device_facts import (  # noqa: F401 - device facts; rules import them here
+    DEVICE_CALLS,
+    is_accelerator_value,
+    is_device_value,
+)
 from tpukit.migrate.transforms.base import Transform, transform
 
 AVAILABILITY = {"torch.cuda.is_available", "torch.accelerator.is_available"}
-DEVICE_CALLS = {
-    "torch.device",
-    "torch_xla.device",
-    "torch_xla.core.xla_model.xla_device",
-    "torch.accelerator.current_accelerator",
-}
-
-
 def is_availability_test(ctx, expr: cst.BaseExpression) -> bool:
     return isinstance(expr, cst.Call) and ctx.qualify(expr.func) in AVAILABILITY
-
-
-def is_accelerator_value(ctx, expr: cst.BaseExpression) -> bool:
-    """A CUDA/accelerator device, as a string or a device object."""
-    if is_cuda_device_string(expr):
-        return True
-    if isinstance(expr, cst.Call):
-        name = ctx.qualify(expr.func)
-        if name == "torch.accelerator.current_accelerator":
-            return True
-        if name == "torch.device" and expr.args:
-            return is_cuda_device_string(expr.args[0].value)
-    return False
-
-
-def is_device_value(ctx, expr: cst.BaseExpression) -> bool:
-    """Does `expr` evaluate to the script's device (for `.cuda()` -> `.to(device)`)?"""
-    if isinstance(expr, cst.Call):
-        return ctx.qualify(expr.func) in DEVICE_CALLS or dotted(expr.func) == "torch_xla.device"
-    if isinstance(expr, cst.IfExp):
-        return is_accelerator_value(ctx, expr.body) or is_device_value(ctx, expr.body)
-    return False
 
 
 def names_a_device(expr: cst.BaseExpression) -> bool:
@@ -107,6 +82,8 @@ def need_device_module(ctx) -> None:
 
 @transform("TPU101")
 class CudaDevice(Transform):
+    reads_device_facts = True
+
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self.not_devices: set[int] = set()  # id() of expressions that build a non-device name
@@ -312,6 +289,8 @@ class CudaDevice(Transform):
 
 @transform("TPU102")
 class CudaMethod(Transform):
+    reads_device_facts = True
+
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         func = original.func
         if not isinstance(func, cst.Attribute) or func.attr.value != "cuda":

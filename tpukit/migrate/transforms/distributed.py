@@ -67,10 +67,6 @@ def env_key(ctx, expr: cst.BaseExpression) -> tuple[str | None, bool]:
     return None, False
 
 
-def _arg(name: str, value: str, ctx) -> cst.Arg:
-    return keyword_arg(name, ctx.expr(value))
-
-
 def file_rank_names(source: str) -> set[str]:
     """Names this file gives the rank: assigned from torchrun's variables or get_rank(), and
     the first parameter of a spawned function."""
@@ -350,7 +346,7 @@ class DistributedDataParallelArgs(Transform):
         def build():
             args = [a for a in updated.args if a not in dropped]
             if bucket is None and bucket_view:
-                args.append(_arg("gradient_as_bucket_view", "True", self.ctx))
+                args.append(keyword_arg("gradient_as_bucket_view", self.ctx.expr("True")))
             call = updated.with_changes(args=with_commas(args))
             if not moves:
                 return call
@@ -389,9 +385,9 @@ class DistributedDataParallelArgs(Transform):
 
 @transform("TPU403")
 class DataParallel(Transform):
-    @staticmethod
-    def extra_triggers(source: str) -> set[str]:
-        return {".module"} if _DATA_PARALLEL_ASSIGN.search(source) else set()
+    def statement_triggers(self, source: str) -> set[str]:
+        module = {".module"} if _DATA_PARALLEL_ASSIGN.search(source) else set()
+        return super().statement_triggers(source) | module
 
     def _wrapped_names(self) -> set[str]:
         return self.ctx.memo("data_parallel_names",
@@ -432,9 +428,9 @@ class DataParallel(Transform):
 
 @transform("TPU404")
 class SpawnLaunch(Transform):
-    @staticmethod
-    def extra_triggers(source: str) -> set[str]:
-        return set(_SPAWNED.findall(source))  # the spawned function's own statement
+    def statement_triggers(self, source: str) -> set[str]:
+        # the spawned function's own statement
+        return super().statement_triggers(source) | set(_SPAWNED.findall(source))
 
     def _spawn_statement(self, node, call: cst.BaseExpression):
         """TorchTPU: `mp.spawn` stays; the parent sets TorchTPU's launch environment first."""
@@ -511,11 +507,13 @@ def _is_docstring(stmt: cst.CSTNode) -> bool:
 
 @transform("TPU405")
 class TorchrunRanks(Transform):
-    @staticmethod
-    def extra_triggers(source: str) -> set[str]:
+    reads_device_facts = True
+
+    def statement_triggers(self, source: str) -> set[str]:
         """`.to(NAME` and `device(NAME` for the rank names this file assigns or spawns with."""
-        return {f"{prefix}{name}" for name in file_rank_names(source)
-                for prefix in (".to(", "device(", ".to(self.")}
+        return super().statement_triggers(source) | {
+            f"{prefix}{name}" for name in file_rank_names(source)
+            for prefix in (".to(", "device(", ".to(self.")}
 
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
@@ -587,8 +585,8 @@ class SamplerReplicas(Transform):
         def build():
             # DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last): the
             # replica count and rank are replaced where they stand; the rest is kept.
-            values = {1: _arg("num_replicas", "xr.world_size()", self.ctx),
-                      2: _arg("rank", "xr.global_ordinal()", self.ctx)}
+            values = {1: keyword_arg("num_replicas", self.ctx.expr("xr.world_size()")),
+                      2: keyword_arg("rank", self.ctx.expr("xr.global_ordinal()"))}
             args = [a.with_changes(value=values[i].value) if i in values else a
                     for i, a in enumerate(positional)]
             args += [values[i] for i in values if i >= len(positional)]
@@ -622,7 +620,7 @@ class CompileBackend(Transform):
 
         def build():
             args = [a for a in updated.args if not (a.keyword and a.keyword.value in ("backend", "mode"))]
-            args.append(_arg("backend", '"openxla"', self.ctx))
+            args.append(keyword_arg("backend", self.ctx.expr('"openxla"')))
             return updated.with_changes(args=with_commas(args))
 
         return self.fix_or_report(
@@ -651,7 +649,45 @@ class CompileBackend(Transform):
                 f'{self.ctx.code(original.decorator)}(backend="openxla")')))
 
 
-_OPTIMIZER_ASSIGN = re.compile(r"(\w+)\s*=\s*(?:torch\.)?optim\.\w+\(")
+# The optimizers TPU409 steps with `xm.optimizer_step`: torch.optim's classes, not its
+# schedulers (`scheduler.step()` is no optimizer step) or SWA's averaged models.
+_OPTIMIZER_PREFIX = "torch.optim."
+_NOT_OPTIMIZERS = ("torch.optim.lr_scheduler.", "torch.optim.swa_utils.")
+
+
+class _MultiProcessFacts(cst.CSTVisitor):
+    """What TPU409 needs to know about the file's code (its comments and strings say nothing):
+    the names its code uses, the names it calls, and the names bound to a torch.optim
+    optimizer, matched by qualified name (`th.optim.SGD`, `from torch.optim import SGD`)."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.names: set[str] = set()
+        self.called: set[str] = set()
+        self.optimizers: set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.names.add(node.attr.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.called.add(terminal_name(node.func))
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if self._is_optimizer(node.value):
+            self.optimizers.update(terminal_name(t.target) for t in node.targets)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None and self._is_optimizer(node.value):
+            self.optimizers.add(terminal_name(node.target))
+
+    def _is_optimizer(self, value: cst.BaseExpression) -> bool:
+        if not isinstance(value, cst.Call):
+            return False
+        name = self.ctx.resolve(value.func) or ""
+        return name.startswith(_OPTIMIZER_PREFIX) and not name.startswith(_NOT_OPTIMIZERS)
 
 
 @transform("TPU409")
@@ -659,11 +695,19 @@ class OptimizerStepWithoutDdp(Transform):
     """Several processes and no DDP: gradients must be averaged across them, which
     `xm.optimizer_step` does before the step."""
 
+    def _facts(self) -> _MultiProcessFacts:
+        def compute() -> _MultiProcessFacts:
+            facts = _MultiProcessFacts(self.ctx)
+            self.ctx.module.visit(facts)
+            return facts
+        return self.ctx.memo("multi_process_facts", compute)
+
     def _applies(self) -> bool:
         def compute() -> bool:
-            source = self.ctx.source
-            multi = "init_process_group" in source or bool(_SPAWNED.search(source))
-            return multi and "DistributedDataParallel" not in source and "DDP(" not in source
+            facts = self._facts()
+            multi = "init_process_group" in facts.names or bool(_SPAWNED.search(self.ctx.source))
+            ddp = "DistributedDataParallel" in facts.names or "DDP" in facts.called
+            return multi and not ddp
         return self.ctx.memo("optimizer_step_without_ddp", compute)
 
     def visit_Expr(self, node: cst.Expr):
@@ -673,9 +717,7 @@ class OptimizerStepWithoutDdp(Transform):
                 and isinstance(call.func.value, cst.Name) and self._applies()):
             return None
         name = call.func.value.value
-        optimizers = self.ctx.memo("optimizer_names",
-                                   lambda: set(_OPTIMIZER_ASSIGN.findall(self.ctx.source)))
-        if name not in optimizers:
+        if name not in self._facts().optimizers:
             return None
         return self.fix_or_report(
             call, f"`{self.ctx.short(call)}` in a multi-process script without DDP: "

@@ -10,9 +10,8 @@ from tpukit.findings import FixKind
 
 from tpukit.migrate.context import dotted, integer_value, terminal_name
 from tpukit.migrate.transforms.base import Transform, transform
-from tpukit.migrate.transforms.loops import find_steps, loader_in_iter
+from tpukit.migrate.transforms.loops import HOST_READS, find_steps, loader_in_iter
 
-SYNC_METHODS = ("item", "tolist", "cpu", "numpy")
 TENSORISH = ("loss", "acc", "correct", "pred", "logit", "output", "out", "norm", "score")
 LOGGERS = ("print", "info", "debug", "warning", "log")
 
@@ -72,7 +71,7 @@ class HostSyncInLoop(Transform):
         if not self.depth:
             return None
         func = original.func
-        if isinstance(func, cst.Attribute) and func.attr.value in SYNC_METHODS and not original.args:
+        if isinstance(func, cst.Attribute) and func.attr.value in HOST_READS and not original.args:
             if not self.ctx.qualify(func.value):
                 self._report(original, "copies a tensor to the host")
         elif isinstance(func, cst.Name) and func.value in ("float", "int") and len(original.args) == 1:

@@ -24,6 +24,7 @@ _LOADER_ASSIGN = re.compile(r"(\w+)\s*=\s*(?:[\w.]*\.)?DataLoader\s*\(")
 # of, so `train_data` is one (the PyTorch DDP tutorial's Trainer keeps its loader so).
 _LOADER_SAMPLER = re.compile(r"(\w+)\.sampler\.set_epoch\s*\(")
 NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
+# Tensor methods that read the value on the host: each waits for the device to compute it.
 HOST_READS = ("item", "tolist", "cpu", "numpy")
 SAMPLING = ("a loop without gradients that feeds each iteration's result into the next (a "
             "sampler: `output, state = model(x, state)`, `idx = torch.cat((idx, nxt), 1)`) "
@@ -337,6 +338,14 @@ def find_steps(ctx, loop: cst.For | cst.While) -> _StepFinder:
 @transform("TPU301")
 class DeviceLoader(Transform):
     """A DataLoader that a loop iterates is wrapped in MpDeviceLoader; pin_memory dropped."""
+
+    reads_device_facts = True
+
+    def statement_triggers(self, source: str) -> set[str]:
+        # `self.train_data.sampler.set_epoch(epoch)` makes `train_data` a loader: the loop
+        # over it holds none of the rule's own words.
+        sampled = {n for n in _LOADER_SAMPLER.findall(source) if "sampler" not in n.lower()}
+        return super().statement_triggers(source) | sampled
 
     def leave_For(self, original: cst.For, updated: cst.For):
         found = loader_in_iter(self.ctx, original.iter)

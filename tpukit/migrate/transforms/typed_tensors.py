@@ -84,9 +84,10 @@ def _module_statements(body):
 @transform("TPU121")
 class TypedTensor(Transform):
     claims = frozenset(TYPED)
+    reads_device_facts = True
 
-    def extra_triggers(self, source: str) -> set[str]:
-        return set(_ALIAS.findall(source))
+    def statement_triggers(self, source: str) -> set[str]:
+        return super().statement_triggers(source) | set(_ALIAS.findall(source))
 
     def _helper(self) -> str:
         return self.mapping["helper"]

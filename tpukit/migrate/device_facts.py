@@ -1,0 +1,216 @@
+"""Facts about the script's device, shared by every device rule: which names hold the
+device in the current scope, what the target's device is (as the device rule TPU101 maps
+it), and whether the current code runs when a package module is imported.
+
+The traversal feeds them through `visit_<Node>`/`leave_<Node>` methods, dispatched by node
+type as rules' hooks are (the engine knows no device rule); a rule reads them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import libcst as cst
+
+from tpukit.migrate.names import Names
+from tpukit.migrate.nodes import dotted, is_cuda_device_string
+from tpukit.rules import load_rules
+
+DEVICE_CALLS = {
+    "torch.device",
+    "torch_xla.device",
+    "torch_xla.core.xla_model.xla_device",
+    "torch.accelerator.current_accelerator",
+}
+
+# A name the file uses as a string: compared with a literal (`device == "cuda"`, `device in
+# ("cuda", "mps")`), searched (`"cuda" in device`), a str method called on it, or concatenated
+# with a literal, or passed as a device type (`torch.autocast(device_type=device)`);
+# `cfg["device"] == "cuda"` names its key. `str(device) == "cuda"` and
+# `device.type == "cuda"` say nothing about `device` (`.type` names the attribute `type`).
+_STR = r"""[rRbBuUfF]{0,2}(?:'[^'\n]*'|"[^"\n]*")"""
+_NAME = r"((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*)"
+_NOT_CALLED = r"\b(?!\s*[(.\[])"
+_STRING_USES = [re.compile(pattern) for pattern in (
+    rf"{_NAME}\s*[!=]=\s*{_STR}",
+    rf"{_STR}\s*[!=]=\s*{_NAME}{_NOT_CALLED}",
+    rf"{_STR}\s+(?:not\s+)?in\s+{_NAME}{_NOT_CALLED}",
+    rf"{_NAME}\s+(?:not\s+)?in\s*[\[({{]\s*{_STR}",
+    rf"{_NAME}\.(?:startswith|endswith|split|rsplit|partition|lower|upper|strip|replace)\(",
+    rf"{_NAME}\s*\+\s*{_STR}",
+    rf"""\[\s*['"](\w+)['"]\s*\]\s*[!=]=\s*{_STR}""",
+    # torch.autocast and torch.amp.GradScaler take a device *type*, a str (not a torch.device)
+    rf"\bdevice_type\s*=\s*{_NAME}\s*[,)]",
+    rf"\b(?:autocast|GradScaler)\(\s*{_NAME}\s*[,)]",
+)]
+
+
+def is_accelerator_value(ctx, expr: cst.BaseExpression) -> bool:
+    """A CUDA/accelerator device, as a string or a device object."""
+    if is_cuda_device_string(expr):
+        return True
+    if isinstance(expr, cst.Call):
+        name = ctx.qualify(expr.func)
+        if name == "torch.accelerator.current_accelerator":
+            return True
+        if name == "torch.device" and expr.args:
+            return is_cuda_device_string(expr.args[0].value)
+    return False
+
+
+def is_device_value(ctx, expr: cst.BaseExpression) -> bool:
+    """Does `expr` evaluate to the script's device (for `.cuda()` -> `.to(device)`)?"""
+    if isinstance(expr, cst.Call):
+        return ctx.qualify(expr.func) in DEVICE_CALLS or dotted(expr.func) == "torch_xla.device"
+    if isinstance(expr, cst.IfExp):
+        return is_accelerator_value(ctx, expr.body) or is_device_value(ctx, expr.body)
+    return False
+
+
+def _is_none(expr: cst.BaseExpression | None) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "None"
+
+
+class DeviceFacts:
+    def __init__(self, target: str, path: str, source: str, names: Names, need_import) -> None:
+        self.names = names
+        self.source = source
+        self._need_import = need_import  # the edit sink's: the device module, when named
+        # Names bound to the script's device, innermost scope last.
+        self.scopes: list[set[str]] = [set()]
+        self._branch_blocks: set[int] = set()  # id() of if/else/loop bodies: scopes of their own
+        self._elifs: set[int] = set()
+        self._bound_in: dict[int, set[str]] = {}  # id(body or elif) -> device names it bound
+        self._string_names: set[str] | None = None
+        # The target's device, as the device rule (TPU101) maps it: an object, what `.to()`
+        # and `device=` take when the script has no device variable, and the type string.
+        device = load_rules()["TPU101"].target(target)
+        self.device_object_in_code: str = device["replace"]
+        self._device_move: str = device.get("move_to", self.device_object_in_code)
+        # What names the device without starting the runtime (`torch.device("xla")`), for
+        # code a package module runs when it is imported.
+        self._device_at_import: str = device.get("at_import", self.device_object_in_code)
+        self.device_type: str = device["device_type"]
+        self.device_module: str = device["imports"][0]
+        # A module of a package runs its top level, its defaults and decorators when it is
+        # imported: the XLA runtime must not start there (a script's top level is its program).
+        name = Path(path).name if path else ""
+        self.package_module = bool(path) and (
+            name == "__init__.py" or (Path(path).parent / "__init__.py").is_file())
+        self.header_depth = 0  # inside parameters (defaults) and decorators of `functions`
+
+    # -- what a rule reads ------------------------------------------------------------
+    def at_import_time(self) -> bool:
+        """Does the current code run when this package module is imported?"""
+        return self.package_module and len(self.names.functions) == self.header_depth
+
+    @property
+    def device_object(self) -> str:
+        """The target's device, as the device rule (TPU101) maps it."""
+        if self.at_import_time():
+            self._need_import(self.device_module)
+            return self._device_at_import
+        return self.device_object_in_code
+
+    @property
+    def device_move(self) -> str:
+        """What `.to()` and `device=` take when the script has no device variable."""
+        return self.device_object if self.at_import_time() else self._device_move
+
+    def in_scope(self) -> str | None:
+        """The device variable in scope (`device` first), if any."""
+        for scope in reversed(self.scopes):
+            if scope:
+                return "device" if "device" in scope else sorted(scope)[0]
+        return None
+
+    def used_as_string(self, name: str) -> bool:
+        """Does this file use `name` (a variable, an attribute such as `args.device`, a
+        config key) as a string anywhere? Read by every device rule, so that a value that is
+        compared as a string stays one (`device == "xla"` is False for a `torch.device`)."""
+        if self._string_names is None:
+            self._string_names = {match.rpartition(".")[2] for pattern in _STRING_USES
+                                  for match in pattern.findall(self.source)}
+        return name in self._string_names
+
+    def bind(self, name: str) -> None:
+        self.scopes[-1].add(name)
+
+    # -- what the traversal tells -----------------------------------------------------
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if is_device_value(self.names, node.value):
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    self.bind(target.target.value)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef | cst.Lambda) -> None:
+        params = node.params.params + node.params.kwonly_params + node.params.posonly_params
+        # `device=None` is no device: `.cuda(device)` there means the current one.
+        self.scopes.append({p.name.value for p in params if p.name.value == "device"
+                            and not _is_none(p.default)})
+
+    visit_Lambda = visit_FunctionDef
+
+    def leave_FunctionDef(self, node) -> None:
+        self.scopes.pop()
+
+    leave_Lambda = leave_FunctionDef
+
+    def visit_Param(self, node) -> None:
+        self.header_depth += 1  # evaluated where the def is, not when it is called
+
+    visit_Decorator = visit_Param
+
+    def leave_Param(self, node) -> None:
+        self.header_depth -= 1
+
+    leave_Decorator = leave_Param
+
+    # A device name bound inside an if/else branch or a loop body is in scope there only; after
+    # an `if` whose every branch (an `else` included) binds it, it is in scope again. The
+    # ImageNet example binds `device` in an `elif` and its `else` branch has none.
+    def visit_If(self, node: cst.If | cst.For | cst.While) -> None:
+        self._branch_blocks.add(id(node.body))
+        if isinstance(node.orelse, cst.Else):
+            self._branch_blocks.add(id(node.orelse.body))
+        elif isinstance(node, cst.If) and isinstance(node.orelse, cst.If):
+            self._elifs.add(id(node.orelse))
+
+    visit_For = visit_While = visit_If
+
+    def visit_IndentedBlock(self, block: cst.BaseSuite) -> None:
+        if id(block) in self._branch_blocks:
+            self.scopes.append(set())
+
+    visit_SimpleStatementSuite = visit_IndentedBlock
+
+    def leave_IndentedBlock(self, block: cst.BaseSuite) -> None:
+        if id(block) in self._branch_blocks:
+            self._branch_blocks.discard(id(block))
+            self._bound_in[id(block)] = self.scopes.pop()
+
+    leave_SimpleStatementSuite = leave_IndentedBlock
+
+    def leave_For(self, node: cst.For | cst.While) -> None:
+        """A loop body may not run: what it bound stays in it."""
+        self._bound_in.pop(id(node.body), None)
+        if isinstance(node.orelse, cst.Else):
+            self._bound_in.pop(id(node.orelse.body), None)
+
+    leave_While = leave_For
+
+    def leave_If(self, node: cst.If) -> None:
+        """The names every branch of this if/elif/else chain binds, bound after it."""
+        bound = self._bound_in.pop(id(node.body), set())
+        if isinstance(node.orelse, cst.Else):
+            bound &= self._bound_in.pop(id(node.orelse.body), set())
+        elif isinstance(node.orelse, cst.If):
+            bound &= self._bound_in.pop(id(node.orelse), set())
+        else:
+            bound = set()
+        if id(node) in self._elifs:
+            self._elifs.discard(id(node))
+            self._bound_in[id(node)] = bound  # for the `if` this is the elif of
+        else:
+            self.scopes[-1].update(bound)

@@ -1,0 +1,119 @@
+"""Small functions over libcst nodes that rule code shares: names, literals, arguments."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+_CUDA_DEVICE = re.compile(r"^cuda(:\d+)?$")
+
+
+def dotted(expr: cst.BaseExpression | None) -> str | None:
+    """`a.b.c` for a Name/Attribute chain, else None."""
+    if isinstance(expr, cst.Name):
+        return expr.value
+    if isinstance(expr, cst.Attribute):
+        base = dotted(expr.value)
+        return None if base is None else f"{base}.{expr.attr.value}"
+    return None
+
+
+def import_target(node: cst.BaseExpression) -> str:
+    return dotted(node) or ""
+
+
+def string_value(expr: cst.BaseExpression) -> str | None:
+    if isinstance(expr, cst.SimpleString):
+        try:
+            value = expr.evaluated_value
+        except Exception:  # noqa: BLE001 - odd prefixes; not a device string then
+            return None
+        return value if isinstance(value, str) else None
+    return None
+
+
+def integer_value(expr: cst.BaseExpression) -> int | None:
+    """The value of an integer literal in any base (`0xFF`, `0o17`, `1_000`), else None."""
+    return expr.evaluated_value if isinstance(expr, cst.Integer) else None
+
+
+def is_cuda_device_string(expr: cst.BaseExpression) -> bool:
+    """"cuda", "cuda:0", f"cuda:{rank}", "cuda:%d" % r, "cuda:{}".format(r), "cuda:" + str(r)."""
+    value = string_value(expr)
+    if value is not None:
+        return bool(_CUDA_DEVICE.match(value))
+    if isinstance(expr, cst.FormattedString):
+        first = expr.parts[0] if expr.parts else None
+        return isinstance(first, cst.FormattedStringText) and first.value in ("cuda:", "cuda")
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Modulo, cst.Add)):
+        left = string_value(expr.left)
+        return left is not None and left.startswith("cuda:")
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+        left = string_value(expr.func.value)
+        return expr.func.attr.value == "format" and left is not None and left.startswith("cuda:")
+    return False
+
+
+def is_cpu_device(expr: cst.BaseExpression) -> bool:
+    value = string_value(expr)
+    if value is not None:
+        return value == "cpu"
+    if isinstance(expr, cst.Call) and dotted(expr.func) in ("torch.device",) and expr.args:
+        return string_value(expr.args[0].value) == "cpu"
+    return False
+
+
+def with_string(expr: cst.SimpleString, value: str) -> cst.SimpleString:
+    """The same literal (prefix and quotes kept) holding `value`."""
+    quote_start = len(expr.prefix) + len(expr.quote)
+    return expr.with_changes(value=expr.value[:quote_start] + value + expr.value[-len(expr.quote):])
+
+
+def find_keyword(call: cst.Call, name: str) -> cst.Arg | None:
+    """The `name=...` argument of a call, if given."""
+    return next((a for a in call.args if a.keyword and a.keyword.value == name), None)
+
+
+def plain_positional(call: cst.Call) -> list[cst.Arg]:
+    """The positional arguments before any `*args` (whose positions a rule can know)."""
+    plain = []
+    for arg in call.args:
+        if arg.keyword is not None or arg.star:
+            break
+        plain.append(arg)
+    return plain
+
+
+def keyword_arg(name: str, expr: cst.BaseExpression) -> cst.Arg:
+    """`name=expr`, spaced as PEP 8 writes keyword arguments."""
+    return cst.Arg(expr, keyword=cst.Name(name), equal=cst.AssignEqual(
+        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+
+
+def with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
+    """Commas between arguments, none after the last (arguments kept from a longer call)."""
+    out = []
+    for i, arg in enumerate(args):
+        last = i == len(args) - 1
+        out.append(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT if last else cst.Comma(
+            whitespace_after=cst.SimpleWhitespace(" "))))
+    return out
+
+
+class _ShiftContinuations(cst.CSTTransformer):
+    def __init__(self, delta: int) -> None:
+        self.delta = delta
+
+    def leave_ParenthesizedWhitespace(self, original, updated):
+        indent = updated.last_line.value
+        width = max(0, len(indent) + self.delta)
+        return updated.with_changes(last_line=cst.SimpleWhitespace(" " * width))
+
+
+def terminal_name(expr: cst.BaseExpression) -> str:
+    if isinstance(expr, cst.Name):
+        return expr.value
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value
+    return ""
