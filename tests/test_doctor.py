@@ -398,3 +398,23 @@ def test_doctor_github_and_sarif(tmp_path, run_cli):
     from conftest import ROOT
 
     jsonschema.validate(sarif, json.loads((ROOT / "tests/data/sarif-schema-2.1.0.json").read_text()))
+
+
+def test_doctor_honours_suppression_comments_and_strict_names_unused_ones(tmp_path, run_cli):
+    (tmp_path / "train.py").write_text(
+        "import torch\nx = torch.zeros(1).cuda()  # tpukit: ignore[TPU102]\n")
+    proc = run_cli("doctor", "--no-smoke", "--format", "json", ".", cwd=tmp_path,
+                   env={"PJRT_DEVICE": "CPU"})
+    report = json.loads(proc.stdout)
+    assert not [f for f in report["findings"] if f["code"] == "TPU102"]
+    (silenced,) = report["summary"]["suppressed"]
+    assert silenced["code"] == "TPU102" and silenced["suppressed_by"].startswith("line 2: ")
+    assert proc.returncode == 0, proc.stdout   # the one error is silenced
+    (tmp_path / "train.py").write_text("import torch\nx = 1  # tpukit: ignore[TPU102]\n")
+    plain = json.loads(run_cli("doctor", "--no-smoke", "--format", "json", ".", cwd=tmp_path,
+                               env={"PJRT_DEVICE": "CPU"}).stdout)
+    assert not [f for f in plain["findings"] if f["code"] == "TPU009"]
+    strict = run_cli("doctor", "--no-smoke", "--strict", "--format", "json", ".", cwd=tmp_path,
+                     env={"PJRT_DEVICE": "CPU"})
+    (unused,) = [f for f in json.loads(strict.stdout)["findings"] if f["code"] == "TPU009"]
+    assert unused["line"] == 2 and strict.returncode == 1

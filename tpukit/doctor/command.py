@@ -44,19 +44,21 @@ def scan_target(request: DoctorRequest, checks: list[CheckResult]) -> str:
     return request.config.target
 
 
-def scan_code(request: DoctorRequest, target: str) -> tuple[list[Finding], list, int]:
-    """The migrate rules in check mode: leftover CUDA idioms and hazards, at path:line:col."""
+def scan_code(request: DoctorRequest, target: str) -> tuple[list[Finding], list, int, list[dict]]:
+    """The migrate rules in check mode: leftover CUDA idioms and hazards, at path:line:col;
+    what `# tpukit: ignore` comments silenced (with --strict, a comment that silences nothing
+    is a TPU009 warning, which --strict fails on)."""
     from tpukit.migrate.command import MigrateRequest, build_jobs
 
     migrate = MigrateRequest(
         paths=request.paths, config=replace(request.config, target=target), mode=Mode.CHECK,
-        select=request.select, ignore=request.ignore,
+        select=request.select, ignore=request.ignore, strict=request.strict,
     )
     jobs = build_jobs(migrate)
     results = list(run_jobs(jobs, request.jobs or 1))
     findings = [f for r in results for f in r.findings]
     errors = [r.error for r in results if r.error is not None]
-    return findings, errors, len(results)
+    return findings, errors, len(results), [s for r in results for s in r.suppressed]
 
 
 def _table(checks: list[CheckResult], code_row: tuple[str, str] | None, out) -> None:
@@ -76,7 +78,8 @@ def run_doctor(request: DoctorRequest) -> int:
     checks = [check(request.context) for check in CHECKS]
     env_findings = [f for c in checks for f in c.findings]
     target = scan_target(request, checks)
-    code_findings, errors, files = scan_code(request, target) if request.code else ([], [], 0)
+    code_findings, errors, files, suppressed = (scan_code(request, target) if request.code
+                                                else ([], [], 0, []))
     code_row = None
     if request.code:
         manual = sum(f.needs_person for f in code_findings)
@@ -99,6 +102,8 @@ def run_doctor(request: DoctorRequest) -> int:
         "code": {"files": files, "findings": len(code_findings), "errors": len(errors),
                  "target": target},
     }
+    if suppressed:  # findings `# tpukit: ignore` comments silenced, with the comment
+        summary["suppressed"] = suppressed
     line = (f"doctor: {verdict}: {sum(c.status == 'fail' for c in checks)} environment check(s) "
             f"failed, {sum(c.status == 'warn' for c in checks)} warned; "
             f"{len(code_findings)} code finding(s)")
