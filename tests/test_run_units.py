@@ -339,3 +339,22 @@ def test_several_graphs_from_one_line_that_later_steps_run_again_are_no_missing_
     found, _ = _recompiles([_at(1, "compile", hashes, 92)])
     (grew,) = [f for f in found if f.extra.get("kind") == "no-barrier"]
     assert "nothing ends the loop's iterations" in grew.message
+
+
+def test_several_graphs_from_one_line_that_reads_as_often_are_read_cuts_not_a_missing_barrier():
+    # imagenet's ProgressMeter formats four tensors in one f-string each step; here the line
+    # also compiles anew in the next step, so the graphs do not simply repeat
+    hashes = ["g1", "g2", "g3", "g4"]
+    first = _at(1, "compile", hashes, 478)
+    first.reads = [HostRead("format", "/tmp/train.py", 478, 4) for _ in hashes]
+    first.boundary = "MpDeviceLoader"
+    second = _at(2, "compile", ["g5"], 478)
+    found, analysis = _recompiles([first, second])
+    (cut,) = [f for f in found if f.extra.get("kind") == "read-cut"]
+    assert not [f for f in found if f.extra.get("kind") == "no-barrier"]
+    assert "read the device 4 time(s) (`format` x4)" in cut.message and "torch.stack" in cut.message
+    assert cut.fails_on == "sync"
+    # a step that nothing ends (the whole loop is one step): the missing barrier, as before
+    first.boundary = "end"
+    found, _ = _recompiles([first])
+    assert [f.extra["kind"] for f in found if f.extra.get("kind")] == ["no-barrier"]

@@ -6,6 +6,8 @@ differs (graphs.py)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,9 +137,15 @@ def _unbarriered(step: Step, graphs: dict, script: str, steps: list[Step]) -> li
         if len(hashes) < GROWING or _repeats(where, hashes, step.index, steps):
             continue
         sizes = [len(graphs[h]) for h in hashes if h in graphs]
+        growing = len(sizes) == len(hashes) and sizes == sorted(sizes) and sizes[-1] > sizes[0]
+        reads = [r.method for r in step.reads if (r.path, r.line) == where]
+        if (not growing and step.complete and step.boundary not in ("", "end")
+                and len(reads) >= len(hashes) - 1):
+            findings.append(_read_cut(step, where, hashes, reads, sizes, bool(graphs)))
+            continue
         grew = ""
         end = "at the end of each iteration of the loop around this line"
-        if len(sizes) == len(hashes) and sizes == sorted(sizes) and sizes[-1] > sizes[0]:
+        if growing:
             grew = (f", and the graph grew from {sizes[0]} to {sizes[-1]} HLO instructions over "
                     f"{len(sizes)} graphs")
             last = max((op.line for op in graphs[hashes[-1]] if op.path == where[0]), default=0)
@@ -154,6 +162,25 @@ def _unbarriered(step: Step, graphs: dict, script: str, steps: list[Step]) -> li
                                 compile_s=round(step.compile_s, 6), graphs=hashes,
                                 kind="no-barrier", sizes=sizes))
     return findings
+
+
+def _read_cut(step: Step, where, hashes: list[str], reads: list[str], sizes: list[int],
+              explained: bool) -> RunFinding:
+    """Several graphs from one line of a step that a barrier ends, as many as the host reads
+    at that line: each read runs the graph pending at that point (an f-string of four meters,
+    make_grid's float() of a min and a max), not a loop that nothing ends."""
+    what = ", ".join(f"`{m}` x{n}" for m, n in Counter(reads).items())
+    check = ("" if explained else " (`--explain-graphs` tells: a loop without a barrier makes "
+             "each graph bigger than the last)")
+    message = (f"step {step.index}: XLA compiled {len(hashes)} different graphs from this line "
+               f"within one step ({step.compile_s:.2f} s of compiling in the step), and the line "
+               f"read the device {len(reads)} time(s) ({what}): each read runs the graph pending "
+               "at that point, so a line that reads several values compiles a graph per read. "
+               "Fix: read them at once (`torch.stack([a, b]).tolist()`) or less often (TPU703); "
+               "if the line is in a loop with no barrier, add `torch_xla.sync()` at the end of "
+               f"each iteration{check}")
+    return finding("TPU701", message, where, fails_on="sync", step=step.index,
+                   compile_s=round(step.compile_s, 6), graphs=hashes, kind="read-cut", sizes=sizes)
 
 
 def _cause_finding(step: Step, severity: Severity | None, fails_on: str | None, cause: str,
