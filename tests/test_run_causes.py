@@ -92,3 +92,39 @@ def test_a_suppression_comment_silences_a_run_finding_and_its_fail_on(tmp_path):
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr   # nothing left to fail on
     assert not [f for f in json.loads(out.read_text())["findings"] if f["code"] == "TPU703"]
+
+
+EVAL = """\
+import torch
+import torch_xla
+
+device = torch_xla.device()
+model = torch.nn.Linear(4, 1).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(3):
+    for step in range(2):
+        loss = model(torch.ones(2, 4, device=device)).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        torch_xla.sync()
+    with torch.no_grad():
+        for batch in range(2):
+            model(torch.ones(3, 4, device=device)).sum()
+            torch_xla.sync()
+print("done")
+"""
+
+
+def test_eval_batches_are_not_training_steps_and_max_steps_counts_training_steps(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(EVAL)
+    report = _run(tmp_path, str(script))
+    summary = report["summary"]
+    assert summary["steps"] == 6 and summary["eval_batches"] == 6
+    kinds = [r["kind"] for r in summary["step_records"] if r["complete"]]
+    assert kinds == ["train", "train", "eval", "eval"] * 3
+    report = _run(tmp_path, str(script), "--max-steps", "3")
+    summary = report["summary"]
+    assert summary["steps"] == 3 and summary["stopped_early"]
+    assert summary["eval_batches"] == 2   # epoch 0's evaluation ran before the third step

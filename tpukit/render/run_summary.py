@@ -60,6 +60,11 @@ def _median_text(summary: dict) -> str:
     return f"{summary['step_time_median_s'] * 1000:.1f} ms (median of {count} steps{where})"
 
 
+def _eval_text(summary: dict) -> str:
+    n = summary.get("eval_batches", 0)  # absent from older saved reports
+    return f" (+{n} eval batch{'es' if n != 1 else ''})" if n else ""
+
+
 def _recompiles_text(summary: dict) -> str:
     total, settling = summary["recompiles_after_warmup"], summary["recompiles_in_long_warmup"]
     first = summary.get("first_graphs_after_warmup", 0)  # absent from older saved reports
@@ -87,7 +92,7 @@ def print_summary(summary: dict, stream) -> None:
                else "did not finish: this report was written while the script ran (killed?)")
     rows = [
         ("outcome", outcome),
-        ("steps", f"{summary['steps']} in {len(summary['loops'])} loop(s) "
+        ("steps", f"{summary['steps']}{_eval_text(summary)} in {len(summary['loops'])} loop(s) "
                   f"({summary['warmup']} warm-up each"
                   f"{', stopped by --max-steps' if summary['stopped_early'] else ''})"),
         ("steady-state step time", _median_text(summary) if median is not None

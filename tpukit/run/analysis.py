@@ -131,7 +131,8 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
     main = loops.main()
     main_steady = loops.steady_of(main) if main else []
     stats = StepStats(
-        steps=sum(s.complete for s in steps),
+        steps=sum(s.complete and s.kind == "train" for s in steps),
+        eval_batches=sum(s.complete and s.kind == "eval" for s in steps),
         warmup=warmup,
         steady_steps=sum(1 for s in steps if loops.steady(s)),
         step_time_median_s=_median(main_steady),

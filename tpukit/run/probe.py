@@ -132,6 +132,9 @@ class Probe:
         if idle or before_loop:  # the step goes on
             return
         step.end, step.boundary, step.boundary_at, step.complete = now, boundary, where, not final
+        if self.optimizers_made and not (self.backward_ran or self._stepped or step.micro_steps
+                                         or step.optimizer_steps):
+            step.kind = "eval"
         self.backward_ran = self._stepped = False
         self.steps.append(step)
         self._disarm_tracer()
@@ -146,7 +149,7 @@ class Probe:
         self.current = Step(step.index + 1, time.perf_counter())
         self._begin(step.index + 1)
         self._arm_tracer()
-        if self.max_steps and len(self.steps) >= self.max_steps:
+        if self.max_steps and sum(s.kind == "train" for s in self.steps) >= self.max_steps:
             self.stopped_early = True
             raise StopRun()
 

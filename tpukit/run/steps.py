@@ -45,6 +45,10 @@ class Step:
     # (each micro-step's) do not end the step; the optimizer step's does.
     micro_steps: int = 0
     optimizer_steps: int = 0
+    # "train", or "eval": in a script that made an optimizer, a batch with no backward and no
+    # optimizer step (an evaluation's): reported as what it is, not counted as a training step
+    # (`steps`, --max-steps)
+    kind: str = "train"
     # The user's collate_fn that made this step's batches (name, path, line of its def): where
     # a fix for a batch shape that varies goes.
     collate: tuple[str, str, int] | None = None
@@ -71,6 +75,7 @@ class Step:
             "shapes": {k: {"shape": list(v[0]), "dtype": v[1]} for k, v in self.shapes.items()},
             "micro_steps": self.micro_steps,
             "optimizer_steps": self.optimizer_steps,
+            "kind": self.kind,
         }
 
 

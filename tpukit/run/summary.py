@@ -18,7 +18,8 @@ INLINE = {"inline": True}  # a field whose own fields are the summary's (StepSta
 class StepStats:
     """What the step analysis (analysis.py) found in the probe's steps."""
 
-    steps: int  # complete steps
+    steps: int  # complete training steps
+    eval_batches: int  # complete evaluation batches (no backward, no optimizer step): not steps
     warmup: int  # --warmup, per loop
     steady_steps: int
     step_time_median_s: float | None  # median wall time of the main loop's steps after warm-up
