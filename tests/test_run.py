@@ -65,18 +65,21 @@ def test_a_smaller_batch_is_named_with_its_step_line_and_dim(shape_run):
 
 
 def test_padding_to_each_batch_length_recompiles_every_step_on_dim_1(shape_run):
+    # one cause over three steps: one finding naming each step and its sizes
     _, report = shape_run
-    padded = {f["extra"]["step"]: f for f in by_code(report, "TPU701") if f["extra"]["step"] >= 8}
-    assert sorted(padded) == [8, 9, 10]
-    assert padded[8]["extra"]["changes"][0]["old"] == [8, 12]
-    assert padded[8]["extra"]["changes"][0]["new"] == [8, 20]
-    assert padded[9]["message"].count("[8, 20] -> [8, 21] (dim 1)") == 1
-    assert all(f["extra"]["changes"][0]["dims"] == [1] for f in padded.values())
+    (padded,) = [f for f in by_code(report, "TPU701") if f["extra"]["step"] >= 8]
+    assert padded["extra"]["steps"] == [8, 9, 10]
+    by_step = {o["step"]: o for o in padded["extra"]["occurrences"]}
+    assert by_step[8]["changes"][0]["old"] == [8, 12] and by_step[8]["changes"][0]["new"] == [8, 20]
+    assert padded["message"].count("step 9: [8, 20] -> [8, 21]") == 1
+    assert padded["message"].startswith("3 steps (8, 9, 10) recompiled at this line for one cause")
+    assert all(o["changes"][0]["dims"] == [1] for o in by_step.values())
+    assert padded["extra"]["compile_s"] == round(sum(o["compile_s"] for o in by_step.values()), 6)
 
 
 def test_a_graph_seen_before_is_not_a_recompile(shape_run):
     _, report = shape_run
-    steps = {f["extra"]["step"] for f in by_code(report, "TPU701")}
+    steps = {s for f in by_code(report, "TPU701") for s in f["extra"].get("steps", [f["extra"]["step"]])}
     assert 7 not in steps  # step 7 is back to [8, 12]: XLA's cache hit, no compile
     assert report["summary"]["recompiles_after_warmup"] == 4
 

@@ -358,3 +358,23 @@ def test_several_graphs_from_one_line_that_reads_as_often_are_read_cuts_not_a_mi
     first.boundary = "end"
     found, _ = _recompiles([first])
     assert [f.extra["kind"] for f in found if f.extra.get("kind")] == ["no-barrier"]
+
+
+def test_one_cause_over_several_steps_is_one_finding():
+    # a batch whose length varies: each step's graph is new, for the same change of dim 1
+    def step(index, length):
+        made = _step(index, compiles=1, shapes={"batch": ((8, length), "int64")})
+        made.graphs = [GraphEvent("compile", f"h{index}", frames=[("f", "/tmp/train.py", 78)])]
+        made.compile_s = 0.5
+        return made
+
+    steps = [step(1, 10), step(2, 10)] + [step(i, 10 + i) for i in range(3, 8)]
+    steps[1].compiles, steps[1].graphs = 0, []
+    found, analysis = _recompiles(steps)
+    (one,) = found
+    assert one.extra["steps"] == [3, 4, 5, 6, 7] and one.extra["compile_s"] == 2.5
+    assert one.message.startswith("5 steps (3, 4, 5, 6, 7) recompiled at this line for one cause: "
+                                  "5 new graph(s), 2.50 s in all")
+    assert "step 4: [8, 13] -> [8, 14]" in one.message and "and 1 more" in one.message
+    assert "6 sizes of dim 1: 10..17" in one.message and "Fix: pad dim 1" in one.message
+    assert analysis.stats.recompiles_after_warmup == 5   # the count is unchanged

@@ -91,6 +91,7 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
                 "TPU701", f"step {step.index}: XLA compiled {step.compiles} new graph(s) "
                 f"({step.compile_s:.2f} s) after warm-up", step.boundary_at or (script, 1),
                 fails_on="recompile", step=step.index, compile_s=step.compile_s))
+    found.findings = _across_steps(findings)
     return found
 
 
@@ -99,6 +100,66 @@ def _replaced_later(line, graph_hash: str, index: int, steps: list[Step]) -> boo
     return line is not None and any(
         g.kind == "compile" and g.graph_hash != graph_hash and _graph_line(g) == line
         for s in steps if s.index > index for g in s.graphs)
+
+
+def _signature(f: RunFinding) -> tuple | None:
+    """What makes two steps' recompiles one cause: the same line, verdict and inputs changed on
+    the same dims (a batch whose length varies recompiles step after step)."""
+    changes = f.extra.get("changes") or []
+    if f.code != "TPU701" or not changes or f.extra.get("kind"):
+        return None
+    dims = tuple(sorted((c["name"], tuple(c["dims"]), c["old_dtype"] != c["new_dtype"]) for c in changes))
+    return (f.location.path, f.location.line, f.severity, f.fails_on, dims)
+
+
+def _across_steps(findings: list[RunFinding]) -> list[RunFinding]:
+    """One cause, one finding, across steps too: the recompiles of the same line for the same
+    inputs' change become one finding naming every step, each step's sizes, the time in all."""
+    groups: dict[tuple, list[RunFinding]] = {}
+    for f in findings:
+        key = _signature(f)
+        if key is not None:
+            groups.setdefault(key, []).append(f)
+    out, merged = [], set()
+    for f in findings:
+        key = _signature(f)
+        if key is None or len(groups[key]) == 1:
+            out.append(f)
+        elif key not in merged:
+            merged.add(key)
+            out.append(_merge(groups[key]))
+    return out
+
+
+def _merge(group: list[RunFinding]) -> RunFinding:
+    group = sorted(group, key=lambda f: f.extra["step"])
+    first = group[0]
+    total = round(sum(f.extra.get("compile_s", 0.0) for f in group), 6)
+    graphs = sum(len(f.extra.get("graphs", ())) or 1 for f in group)
+    steps = [f.extra["step"] for f in group]
+
+    def sizes(f: RunFinding) -> str:
+        c = f.extra["changes"][0]
+        return f"step {f.extra['step']}: [{', '.join(map(str, c['old']))}] -> [{', '.join(map(str, c['new']))}]"
+
+    shown = "; ".join(sizes(f) for f in group[:4]) + (f"; and {len(group) - 4} more" if len(group) > 4 else "")
+    dims = sorted({d for f in group for c in f.extra["changes"] for d in c["dims"]})
+    seen = sorted({c["new"][d] for f in group for c in f.extra["changes"][:1] for d in c["dims"]}
+                  | {c["old"][d] for f in group for c in f.extra["changes"][:1] for d in c["dims"]})
+    span = f" ({len(seen)} sizes of dim {', '.join(map(str, dims))}: {seen[0]}..{seen[-1]})" if seen else ""
+    names = ", ".join(c["name"] + (f" (line {c['line']})" if c.get("line") else "")
+                      for c in first.extra["changes"])
+    fix = first.message.split(". Fix: ", 1)[1] if ". Fix: " in first.message else ""
+    message = (f"{len(group)} steps ({', '.join(map(str, steps[:8]))}{', ...' if len(steps) > 8 else ''}) "
+               f"recompiled at this line for one cause: {graphs} new graph(s), {total:.2f} s in all; "
+               f"each time {names} changed{span}: {shown}" + (f". Fix: {fix}" if fix else ""))
+    extra = {**first.extra, "steps": steps, "compile_s": total,
+             "occurrences": [{"step": f.extra["step"], "previous_step": f.extra.get("previous_step"),
+                              "graph_hash": f.extra.get("graph_hash"),
+                              "compile_s": f.extra.get("compile_s"), "changes": f.extra["changes"]}
+                             for f in group]}
+    return finding("TPU701", message, (first.location.path, first.location.line), first.severity,
+                   first.fails_on, **extra)
 
 
 GROWING = 3  # distinct graphs from one line within one step: a loop that nothing ends
