@@ -124,3 +124,21 @@ def test_tpu409_a_comment_or_string_naming_ddp_does_not_turn_it_off():
     used = head + "from torch.nn.parallel import DistributedDataParallel as DDP\n" \
         "model = DDP(model)\nopt = torch.optim.SGD(params)\nopt.step()\n"
     assert "opt.step()" in migrate(used)  # DDP averages the gradients itself
+
+
+def test_a_backend_setting_under_an_availability_test_stays_on_a_second_run():
+    # fairscale's benchmarks/oss.py: the test became `bool(xr.device_type())` on the first run,
+    # and the second run took the "nccl" beside it for a setting to port
+    from tpukit.migrate.engine import MigrateOptions, migrate_source
+    from tpukit.rules import select_rules
+
+    source = (
+        "import torch\nimport torch.distributed as dist\n\n"
+        "def train(rank, backend):\n    dist.init_process_group(backend=backend, rank=rank, world_size=1)\n\n"
+        "if __name__ == '__main__':\n"
+        "    BACKEND = 'nccl' if not torch.cuda.is_available() else 'gloo'\n"
+        "    torch.multiprocessing.spawn(train, args=(BACKEND,), nprocs=1)\n")
+    options = MigrateOptions(rules=select_rules([], []))
+    once = migrate_source(source, "oss.py", options).new_source
+    assert "bool(xr.device_type())" in once and "'nccl' if" in once
+    assert migrate_source(once, "oss.py", options).new_source == once

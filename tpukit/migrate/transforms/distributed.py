@@ -267,13 +267,18 @@ class ProcessGroup(Transform):
                                       "MASTER_ADDR/MASTER_PORT"))
 
 
+# An availability test as the user wrote it, or as TPU110 wrote it (`bool(xr.device_type())`):
+# a setting guarded by it stays as written on the first run and on the second (idempotence).
+_GUARD_CALLS = AVAILABILITY | {"torch_xla.runtime.device_type"}
+
+
 class _AvailabilityCalls(cst.CSTVisitor):
     def __init__(self, ctx) -> None:
         self.ctx = ctx
         self.found = False
 
     def visit_Call(self, node: cst.Call) -> None:
-        self.found = self.found or self.ctx.qualify(node.func) in AVAILABILITY
+        self.found = self.found or self.ctx.qualify(node.func) in _GUARD_CALLS
 
 
 def _tests_cuda(ctx, test: cst.BaseExpression) -> bool:
