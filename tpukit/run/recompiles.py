@@ -106,10 +106,17 @@ def _signature(f: RunFinding) -> tuple | None:
     """What makes two steps' recompiles one cause: the same line, verdict and inputs changed on
     the same dims (a batch whose length varies recompiles step after step)."""
     changes = f.extra.get("changes") or []
-    if f.code != "TPU701" or not changes or f.extra.get("kind"):
+    if f.code != "TPU701" or f.extra.get("kind") or "step" not in f.extra:
         return None
-    dims = tuple(sorted((c["name"], tuple(c["dims"]), c["old_dtype"] != c["new_dtype"]) for c in changes))
-    return (f.location.path, f.location.line, f.severity, f.fails_on, dims)
+    if changes:
+        what = tuple(sorted((c["name"], tuple(c["dims"]), c["old_dtype"] != c["new_dtype"])
+                            for c in changes))
+    elif f.extra.get("graph_diff"):  # --explain-graphs: the same instruction differs each time
+        d = f.extra["graph_diff"]
+        what = ("graph", d.get("op"), d.get("kind"), d.get("path"), d.get("line"))
+    else:
+        return None
+    return (f.location.path, f.location.line, f.severity, f.fails_on, what)
 
 
 def _across_steps(findings: list[RunFinding]) -> list[RunFinding]:
@@ -137,29 +144,38 @@ def _merge(group: list[RunFinding]) -> RunFinding:
     total = round(sum(f.extra.get("compile_s", 0.0) for f in group), 6)
     graphs = sum(len(f.extra.get("graphs", ())) or 1 for f in group)
     steps = [f.extra["step"] for f in group]
+    head = (f"{len(group)} steps ({', '.join(map(str, steps[:8]))}{', ...' if len(steps) > 8 else ''}) "
+            f"recompiled at this line for one cause: {graphs} new graph(s), {total:.2f} s in all; ")
+    fix = first.message.split(". Fix: ", 1)[1] if ". Fix: " in first.message else ""
+    more = f"; and {len(group) - 4} more" if len(group) > 4 else ""
+    extra = {**first.extra, "steps": steps, "compile_s": total,
+             "occurrences": [{"step": f.extra["step"], "previous_step": f.extra.get("previous_step"),
+                              "graph_hash": f.extra.get("graph_hash"),
+                              "compile_s": f.extra.get("compile_s"),
+                              "changes": f.extra.get("changes", []),
+                              **({"graph_diff": f.extra["graph_diff"]} if "graph_diff" in f.extra else {})}
+                             for f in group]}
+    where = (first.location.path, first.location.line)
+    if not first.extra.get("changes"):
+        d = first.extra["graph_diff"]
+        shown = "; ".join(f"step {f.extra['step']}: {f.extra['graph_diff']['what']}" for f in group[:4])
+        message = (head + f"each time the graphs differed first at {Path(d['path']).name}:{d['line']}: "
+                   f"{shown}{more}" + (f". Fix: {fix}" if fix else ""))
+        return finding("TPU701", message, where, first.severity, first.fails_on, **extra)
 
     def sizes(f: RunFinding) -> str:
         c = f.extra["changes"][0]
         return f"step {f.extra['step']}: [{', '.join(map(str, c['old']))}] -> [{', '.join(map(str, c['new']))}]"
 
-    shown = "; ".join(sizes(f) for f in group[:4]) + (f"; and {len(group) - 4} more" if len(group) > 4 else "")
+    shown = "; ".join(sizes(f) for f in group[:4]) + more
     dims = sorted({d for f in group for c in f.extra["changes"] for d in c["dims"]})
     seen = sorted({c["new"][d] for f in group for c in f.extra["changes"][:1] for d in c["dims"]}
                   | {c["old"][d] for f in group for c in f.extra["changes"][:1] for d in c["dims"]})
     span = f" ({len(seen)} sizes of dim {', '.join(map(str, dims))}: {seen[0]}..{seen[-1]})" if seen else ""
     names = ", ".join(c["name"] + (f" (line {c['line']})" if c.get("line") else "")
                       for c in first.extra["changes"])
-    fix = first.message.split(". Fix: ", 1)[1] if ". Fix: " in first.message else ""
-    message = (f"{len(group)} steps ({', '.join(map(str, steps[:8]))}{', ...' if len(steps) > 8 else ''}) "
-               f"recompiled at this line for one cause: {graphs} new graph(s), {total:.2f} s in all; "
-               f"each time {names} changed{span}: {shown}" + (f". Fix: {fix}" if fix else ""))
-    extra = {**first.extra, "steps": steps, "compile_s": total,
-             "occurrences": [{"step": f.extra["step"], "previous_step": f.extra.get("previous_step"),
-                              "graph_hash": f.extra.get("graph_hash"),
-                              "compile_s": f.extra.get("compile_s"), "changes": f.extra["changes"]}
-                             for f in group]}
-    return finding("TPU701", message, (first.location.path, first.location.line), first.severity,
-                   first.fails_on, **extra)
+    message = head + f"each time {names} changed{span}: {shown}" + (f". Fix: {fix}" if fix else "")
+    return finding("TPU701", message, where, first.severity, first.fails_on, **extra)
 
 
 GROWING = 3  # distinct graphs from one line within one step: a loop that nothing ends
