@@ -500,3 +500,32 @@ def test_a_guard_whose_other_branch_is_about_cuda_is_kept():  # torch's rng deco
     new = fixed_point('import torch\nif device.type != "cuda":\n    throw_on_non_cuda(device)\n'
                       "x = torch.rand(2, device=device)\n")
     assert 'if device.type != "cuda":' in new
+
+
+def test_numpy_arrays_get_no_tensor_rewrites():
+    # transformers' processors and deepspeed's data analyzer: a masked write and a slice at an
+    # offset on NumPy arrays (masked_fill_/index_select would raise AttributeError)
+    from tpukit.migrate.engine import MigrateOptions, migrate_source
+    from tpukit.rules import select_rules
+
+    source = (
+        "import numpy as np\nimport torch\n\nDEVICE = torch.device('cuda')\n\n"
+        "def types(ids, k):\n"
+        "    array_ids = np.array(ids)\n"
+        "    mm = np.zeros_like(ids)\n"
+        "    mm[array_ids == k] = 1\n"
+        "    return mm\n\n"
+        "def write(buff, offsets, device):\n"
+        "    buff = buff.to(device)\n"
+        "    buff = buff.cpu().detach().numpy()\n"
+        "    out = []\n"
+        "    for i in range(len(offsets) - 1):\n"
+        "        out.append(buff[offsets[i]:offsets[i + 1]])\n"
+        "    return out\n\n"
+        "def top_k(logits, v):\n"
+        "    logits = torch.softmax(logits, -1)\n"
+        "    logits[logits < v] = 0.0\n"
+        "    return logits\n")
+    out = migrate_source(source, "p.py", MigrateOptions(rules=select_rules([], []))).new_source
+    assert "mm[array_ids == k] = 1" in out and "buff[offsets[i]:offsets[i + 1]]" in out
+    assert "logits.masked_fill_(logits < v, 0.0)" in out   # a tensor still gets it

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tpukit.migrate.transforms.host_values import host_bound
 from tpukit.findings import FixKind
 
 from tpukit.migrate.context import dotted, integer_value, terminal_name
@@ -158,7 +159,12 @@ class DataDependentShape(Transform):
         target = node.targets[0].target
         if len(target.slice) != 1 or not isinstance(target.slice[0].slice, cst.Index):
             return None
-        if not isinstance(target.slice[0].slice.value, cst.Comparison):
+        mask = target.slice[0].slice.value
+        if not isinstance(mask, cst.Comparison):
+            return None
+        # a NumPy array (`mm = np.zeros_like(ids); mm[ids == k] = 1`) has no masked_fill_
+        names = [n for n in (target.value, mask.left) if isinstance(n, cst.Name)]
+        if any(host_bound(self.ctx, n.value) for n in names):
             return None
         return target if _scalar(node.value) else None
 

@@ -15,6 +15,7 @@ import re
 
 import libcst as cst
 
+from tpukit.migrate.transforms.host_values import host_bound
 from tpukit.migrate.context import dotted, is_cuda_device_string
 from tpukit.migrate.transforms.base import Transform, transform
 from tpukit.migrate.transforms.devices import DEVICE_CALLS, names_a_device
@@ -161,7 +162,7 @@ class DeviceSliceOffset(Transform):
 
     def _on_device(self, name: str) -> bool:
         data = device_data(self.ctx)
-        if data is None:
+        if data is None or host_bound(self.ctx, name):  # also a NumPy array here: not known a tensor
             return False
         function = next((f for f in reversed(self.ctx.functions)
                          if isinstance(f, cst.FunctionDef)), None)
