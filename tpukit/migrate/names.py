@@ -154,24 +154,28 @@ class Names:
     def resolve(self, expr: cst.BaseExpression | None) -> str | None:
         """The qualified name of a Name/Attribute chain through the imports seen so far,
         wherever it is (no function's locals are looked at): for whole-file scans."""
+        parts = self._aliased(expr)
+        if parts is None:
+            return None
+        _, full, rest = parts
+        return f"{full}.{rest}" if rest else full
+
+    def _aliased(self, expr: cst.BaseExpression | None) -> tuple[str, str, str] | None:
+        """(root name, the import it names, the rest of the chain) of a Name/Attribute chain
+        whose root an import bound; None otherwise."""
         path = dotted(expr)
         if path is None:
             return None
         root, _, rest = path.partition(".")
         full = self.aliases.get(root)
-        if full is None:
-            return None
-        return f"{full}.{rest}" if rest else full
+        return None if full is None else (root, full, rest)
 
     def qualify(self, expr: cst.BaseExpression | None) -> str | None:
         """The qualified name of a Name/Attribute chain, through this file's imports."""
-        path = dotted(expr)
-        if path is None:
+        parts = self._aliased(expr)
+        if parts is None:
             return None
-        root, _, rest = path.partition(".")
-        full = self.aliases.get(root)
-        if full is None:
-            return None
+        root, full, rest = parts
         # `from torch import cuda` and a function's own `cuda` (a parameter, a local): the
         # local wins. Only aliases that differ from their module (`cuda`, `th`) are checked:
         # nobody rebinds `torch` itself, and checking costs a scan of the function.
