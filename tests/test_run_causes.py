@@ -37,6 +37,10 @@ def test_a_fallback_inside_a_module_is_named_at_the_forward_line_that_called_it(
     # the user's forward, where the module's op ran: not 1:1, not torch's own files
     assert (bag["path"], bag["line"]) == (str(script), line_of(script, "self.bag(ids, offsets)"))
     assert bag["extra"]["per_step"] == 1.0 and "nn.Embedding" in bag["message"]
+    # and the training loop's line that called the model
+    call = line_of(script, "model(tokens, offsets)")
+    assert bag["extra"]["called_from"] == {"path": str(script), "line": call, "function": "Bag.forward"}
+    assert f"(in `Bag.forward`, called from embedding_bag.py:{call})" in bag["message"]
     (backward,) = [f for f in report["findings"] if f["code"] == "TPU702"
                    and f["extra"]["op"] == "aten::_embedding_bag_backward"]
     assert backward["line"] == line_of(script, "loss.backward()")

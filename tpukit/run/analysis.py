@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from tpukit.findings import Finding, Severity
 from tpukit.rules import load_rules
@@ -62,9 +63,15 @@ def fallback_findings(probe: Probe, steps: list[Step], loops: Loops,
                 fails_on="fallback", **extra))
         for where, calls in lines:
             share = f"; this line is one of {len(lines)} calling it" if len(lines) > 1 else ""
-            message = f"`{op}` ran on the CPU {what}{share}: {effect}. Fix: {fix}"
+            caller = probe.fallback_callers.get(where)
+            via, more = "", {}
+            if caller is not None:
+                path, line, forward = caller
+                via = f" (in `{forward}`, called from {Path(path).name}:{line})"
+                more = {"called_from": {"path": path, "line": line, "function": forward}}
+            message = f"`{op}` ran on the CPU {what}{share}{via}: {effect}. Fix: {fix}"
             findings.append(finding("TPU702", message, where, fails_on="fallback",
-                                    traced_calls=calls, **extra))
+                                    traced_calls=calls, **extra, **more))
     return findings
 
 

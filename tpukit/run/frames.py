@@ -34,6 +34,27 @@ def user_frame(frame) -> tuple[str, int] | None:
     return None
 
 
+_MODULE_CALLS = ("forward", "__call__", "_call_impl", "_wrapped_call_impl")
+
+
+def module_caller(frame) -> tuple[str, int, str] | None:
+    """Where the innermost user frame is a module's `forward` (an op that fell back inside a
+    model): (path, line, the forward's qualified name) of the user line outside every forward
+    that called it (the training loop's `model(x)`), else None."""
+    inner = None
+    while frame is not None:
+        code = frame.f_code
+        if is_user_file(code.co_filename):
+            if code.co_name in _MODULE_CALLS:
+                inner = inner or getattr(code, "co_qualname", code.co_name)
+            elif inner is not None:
+                return code.co_filename, frame.f_lineno, inner
+            else:
+                return None
+        frame = frame.f_back
+    return None
+
+
 def user_function(fn) -> tuple[str, str, int] | None:
     """(name, path, line) of a function or callable object defined in the user's code."""
     code = getattr(fn, "__code__", None) or getattr(getattr(type(fn), "__call__", None),

@@ -46,6 +46,9 @@ class Probe:
         self.attention = self.capture.attention
         self.steps: list[Step] = []
         self.fallback_lines: dict[str, dict[tuple[str, int], int]] = {}
+        # a fallback line inside a module's forward -> (path, line, forward) of the user line
+        # that called the module
+        self.fallback_callers: dict[tuple[str, int], tuple[str, int, str]] = {}
         self.stopped_early = False
         self.counters: XlaCounters | None = None  # set by install
         self._patches: list[Patch] = []
@@ -185,7 +188,10 @@ class Probe:
             except Exception:  # the script left a mode of its own above ours: leave it be
                 pass
 
-    def record_fallback(self, ops: list[str], where: tuple[str, int]) -> None:
+    def record_fallback(self, ops: list[str], where: tuple[str, int],
+                        caller: tuple[str, int, str] | None = None) -> None:
+        if caller is not None:
+            self.fallback_callers.setdefault(where, caller)
         for op in ops:
             lines = self.fallback_lines.setdefault(op, {})
             lines[where] = lines.get(where, 0) + 1

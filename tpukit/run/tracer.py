@@ -9,14 +9,16 @@ from collections.abc import Callable
 from torch.overrides import TorchFunctionMode
 
 from tpukit.run.counters import XlaCounters
-from tpukit.run.frames import user_frame
+from tpukit.run.frames import module_caller, user_frame
 
 
 class FallbackTracer(TorchFunctionMode):
-    """`record(ops, (path, line))` for each torch call at a user line that ran fallbacks."""
+    """`record(ops, (path, line), caller)` for each torch call at a user line that ran
+    fallbacks; `caller`: (path, line, forward) of the loop line that called the module whose
+    forward that line is, or None."""
 
     def __init__(self, counters: XlaCounters,
-                 record: Callable[[list[str], tuple[str, int]], None]) -> None:
+                 record: Callable[[list[str], tuple[str, int], tuple | None], None]) -> None:
         super().__init__()
         self.counters = counters
         self.record = record
@@ -27,7 +29,8 @@ class FallbackTracer(TorchFunctionMode):
         after = self.counters.fallback_counts()
         if after != before:
             ops = [op for op, n in after.items() if n != before.get(op, 0)]
-            where = user_frame(sys._getframe(1))
+            frame = sys._getframe(1)
+            where = user_frame(frame)
             if where is not None:
-                self.record(ops, where)
+                self.record(ops, where, module_caller(frame))
         return result
