@@ -529,3 +529,22 @@ def test_numpy_arrays_get_no_tensor_rewrites():
     out = migrate_source(source, "p.py", MigrateOptions(rules=select_rules([], []))).new_source
     assert "mm[array_ids == k] = 1" in out and "buff[offsets[i]:offsets[i + 1]]" in out
     assert "logits.masked_fill_(logits < v, 0.0)" in out   # a tensor still gets it
+
+
+def test_an_is_cuda_check_that_picks_a_kernel_by_name_is_left_with_an_info():
+    # torch._numpy's lstsq: `driver = "gels" if a.is_cuda else "gelsd"` chose gels on XLA (wrong
+    # answers for rank-deficient input); a device choice beside it is still ported
+    from tpukit.findings import Severity
+    from tpukit.migrate.engine import MigrateOptions, migrate_source
+    from tpukit.rules import TARGETS, select_rules
+
+    source = ('import torch\n\ndef lstsq(a, b):\n'
+              '    driver = "gels" if a.is_cuda or b.is_cuda else "gelsd"\n'
+              '    dev = "cuda" if a.is_cuda else "cpu"\n'
+              '    return torch.linalg.lstsq(a, b, driver=driver), dev\n')
+    for target in TARGETS:
+        done = migrate_source(source, "l.py", MigrateOptions(rules=select_rules([], []), target=target))
+        assert 'driver = "gels" if a.is_cuda or b.is_cuda else "gelsd"' in done.new_source
+        assert 'dev = "cuda" if' not in done.new_source
+        kept = [f for f in done.findings if f.code == "TPU103" and f.location.line == 4]
+        assert len(kept) == 2 and all(f.severity is Severity.INFO and not f.needs_person for f in kept)

@@ -245,7 +245,8 @@ def _findings(ctx: MigrationContext, reports, positions: dict, path: str) -> lis
         )
         findings.append(Finding.from_rule(report.rule, location, report.message, target=ctx.target,
                                           fix=report.fix or report.rule.fix_for(ctx.target),
-                                          applied=report.applied, extra=report.extra))
+                                          applied=report.applied, extra=report.extra,
+                                          severity=report.severity))
     findings.sort(key=Finding.sort_key)
     return findings
 

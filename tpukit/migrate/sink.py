@@ -9,7 +9,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from tpukit.findings import FixKind
+from tpukit.findings import FixKind, Severity
 from tpukit.migrate.names import Names
 from tpukit.rules import Rule
 
@@ -36,6 +36,7 @@ class Report:
     top: cst.CSTNode | None = None  # the top-level statement holding `node`
     fix: FixKind | None = None  # when it differs from the rule's (a table entry with no fix)
     extra: dict = field(default_factory=dict)
+    severity: Severity | None = None  # when it differs from the rule's (nothing to do: info)
 
 
 def _cuda_only_module(path: str) -> str | None:
@@ -88,6 +89,7 @@ class EditSink:
         message: str,
         applied: bool,
         fix: FixKind | None = None,
+        severity: Severity | None = None,
         **extra,
     ) -> None:
         self.handled.add(id(node))
@@ -95,7 +97,8 @@ class EditSink:
             self.handled.add(id(node.func))
         if self.cuda_only and not applied and fix is None and rule.fix is not FixKind.NONE:
             message += f" (not rewritten: {self.cuda_only[-1]}: port it by hand)"
-        self.reports.append(Report(rule, node, message, applied, self.current_top, fix, extra))
+        self.reports.append(Report(rule, node, message, applied, self.current_top, fix, extra,
+                                   severity))
 
     def torch_name(self) -> str:
         """The name this file uses for torch (`torch`, or `th` after `import torch as th`)."""

@@ -15,7 +15,7 @@ import re
 
 import libcst as cst
 
-from tpukit.findings import FixKind
+from tpukit.findings import FixKind, Severity
 from tpukit.migrate.context import (
     dotted,
     find_keyword,
@@ -323,14 +323,53 @@ class CudaMethod(Transform):
 _ASSIGNS_IS_CUDA = re.compile(r"([\w.]+)\.is_cuda\s*(?::[^=\n]+)?=(?!=)")
 
 
+class _IsCudaChecks(cst.CSTVisitor):
+    """The `.is_cuda` attributes in an expression."""
+
+    def __init__(self) -> None:
+        self.found: list[cst.Attribute] = []
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value == "is_cuda":
+            self.found.append(node)
+
+
+def _names_a_device(text: str | None) -> bool:
+    return text is not None and (text in ("cpu", "meta", "xla", "mps") or is_cuda_device_string(text))
+
+
 @transform("TPU103")
 class IsCuda(Transform):
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self.choices: dict[int, tuple[str, str]] = {}  # id(`.is_cuda`) -> the two strings it picks
+
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        # `driver = "gels" if a.is_cuda else "gelsd"` (torch._numpy's lstsq): the check picks a
+        # CUDA kernel or driver by name, not a device; on TPU the non-CUDA choice is the one
+        # that exists, and the check, False there, already makes it.
+        body, orelse = string_value(node.body), string_value(node.orelse)
+        if body is None or orelse is None or _names_a_device(body) or _names_a_device(orelse):
+            return
+        checks = _IsCudaChecks()
+        node.test.visit(checks)
+        for attribute in checks.found:
+            self.choices[id(attribute)] = (body, orelse)
+
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
         if original.attr.value != "is_cuda" or self.ctx.qualify(original.value):
             return None
         owners = self.ctx.memo("is_cuda_owners", lambda: set(_ASSIGNS_IS_CUDA.findall(self.ctx.source)))
         if self.ctx.code(original.value) in owners:
             return None  # `self.is_cuda = ...`: the object's own flag, not Tensor.is_cuda
+        choice = self.choices.pop(id(original), None)
+        if choice is not None:
+            self.ctx.report(self.rule, original, self.say(
+                "choice", "`{code}` picks `{a}` or `{b}` (a CUDA kernel or driver by name), not a "
+                "device: left as written, False on TPU, so the non-CUDA choice is made there",
+                code=self.ctx.short(original), a=choice[0], b=choice[1]),
+                applied=False, fix=FixKind.NONE, severity=Severity.INFO)
+            return None
 
         def build():
             if "attribute" in self.mapping:  # `.is_xla`
