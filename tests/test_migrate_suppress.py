@@ -21,6 +21,7 @@ def test_a_suppressed_cuda_call_stays_while_the_next_line_is_rewritten():
     [silenced] = migration.suppressed
     assert (silenced["code"], silenced["line"]) == ("TPU102", 2)
     assert silenced["suppressed_by"] == "line 2: # tpukit: ignore[TPU102]"
+    assert silenced["applied"] is False   # the line stays as written
 
 
 def test_what_a_suppressed_fix_needed_is_not_added_imports_and_helpers_alike():

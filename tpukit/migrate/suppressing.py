@@ -65,7 +65,8 @@ class SuppressedHooks:
             return result
         ctx.sink.rollback(point, keep_handled=True)  # spoken for: no other rule's finding
         for report, suppressed in zip(new, covered):
-            if suppressed:
+            if suppressed:  # its fix is undone with the trial: not applied
+                report.applied = False
                 self.suppressed.append(report)
             else:  # reported with a suppressed one by the same hook: its fix is not applied
                 report.applied = False
