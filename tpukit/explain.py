@@ -77,7 +77,9 @@ def explain(rule: Rule, con: Console) -> None:
     parts: list = [header, Text(rule.summary, style="italic"), Text(""), Text(why), Text(""),
                    Text(f"Read: {rule.reference}")]
     if not rule.checks_code:
-        by = "tpukit doctor" if rule.extra.get("engine") == "doctor" else "tpukit run"
+        by = {"doctor": "tpukit doctor", "shell": "tpukit migrate (its scan of shell scripts)",
+              "suppress": "tpukit migrate --strict and tpukit doctor --strict"}.get(
+                  rule.extra.get("engine"), "tpukit run")
         parts += [Text(""), Text(f"Reported by `{by}`. Fix: {rule.message}")]
         fixes = rule.extra.get("fixes", {})
         if fixes:
