@@ -102,18 +102,25 @@ def _comments(source: str) -> list[tuple[int, int, str]]:
         return out
 
 
-def split(findings: list[Finding], suppressions: Suppressions) -> tuple[list[Finding], list[dict]]:
-    """(kept, suppressed): a suppressed finding as its JSON dict plus `suppressed_by`."""
-    if not suppressions:
-        return findings, []
+def _split(findings: list[Finding], of_path) -> tuple[list[Finding], list[dict]]:
+    """(kept, suppressed) in the findings' order; `of_path(path)`: that file's Suppressions."""
     kept, suppressed = [], []
     for f in findings:
-        s = suppressions.covering(f.code, f.location.line, f.location.end_line)
+        sup = of_path(f.location.path)
+        s = sup.covering(f.code, f.location.line, f.location.end_line) if sup else None
         if s is None:
             kept.append(f)
         else:
             suppressed.append({**f.to_dict(), "suppressed_by": s.describe()})
     return kept, suppressed
+
+
+def split(findings: list[Finding], suppressions: Suppressions) -> tuple[list[Finding], list[dict]]:
+    """(kept, suppressed) by one file's comments: a suppressed finding as its JSON dict plus
+    `suppressed_by`."""
+    if not suppressions:
+        return findings, []
+    return _split(findings, lambda _path: suppressions)
 
 
 def split_files(findings: list[Finding]) -> tuple[list[Finding], list[dict]]:
@@ -128,15 +135,7 @@ def split_files(findings: list[Finding]) -> tuple[list[Finding], list[dict]]:
                 by_path[path] = Suppressions.from_source(handle.read())
         except (OSError, UnicodeDecodeError):
             continue
-    kept, suppressed = [], []
-    for f in findings:
-        sup = by_path.get(f.location.path)
-        s = sup.covering(f.code, f.location.line, f.location.end_line) if sup else None
-        if s is None:
-            kept.append(f)
-        else:
-            suppressed.append({**f.to_dict(), "suppressed_by": s.describe()})
-    return kept, suppressed
+    return _split(findings, by_path.get)
 
 
 def unused_findings(path: str, suppressions: Suppressions) -> list[Finding]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from tpukit.findings import Severity
 from tpukit.run.frames import is_user_file
 from tpukit.run.loops import SETTLED, Loops
-from tpukit.run.shapes import describe, diff
+from tpukit.run.shapes import describe, diff, shape_text
 from tpukit.run.steps import Step
 from tpukit.run.run_finding import RunFinding, finding
 
@@ -95,11 +95,15 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
     return found
 
 
+def _later_graphs(line, index: int, steps: list[Step]):
+    """The graph events from `line` of the steps after step `index`, in order."""
+    return (g for s in steps if s.index > index for g in s.graphs if _graph_line(g) == line)
+
+
 def _replaced_later(line, graph_hash: str, index: int, steps: list[Step]) -> bool:
     """Whether a later step compiled another graph from `line` (so its first was not its last)."""
-    return line is not None and any(
-        g.kind == "compile" and g.graph_hash != graph_hash and _graph_line(g) == line
-        for s in steps if s.index > index for g in s.graphs)
+    return line is not None and any(g.kind == "compile" and g.graph_hash != graph_hash
+                                    for g in _later_graphs(line, index, steps))
 
 
 def _signature(f: RunFinding) -> tuple | None:
@@ -165,7 +169,7 @@ def _merge(group: list[RunFinding]) -> RunFinding:
 
     def sizes(f: RunFinding) -> str:
         c = f.extra["changes"][0]
-        return f"step {f.extra['step']}: [{', '.join(map(str, c['old']))}] -> [{', '.join(map(str, c['new']))}]"
+        return f"step {f.extra['step']}: {shape_text(c['old'])} -> {shape_text(c['new'])}"
 
     shown = "; ".join(sizes(f) for f in group[:4]) + more
     dims = sorted({d for f in group for c in f.extra["changes"] for d in c["dims"]})
@@ -186,15 +190,10 @@ def _repeats(line, hashes: list[str], index: int, steps: list[Step]) -> bool:
     set of graphs (several host reads on one line each cut the step's graph: torchvision's
     make_grid, an f-string of four meters), not a loop whose graph grows."""
     ran = False
-    for s in steps:
-        if s.index <= index:
-            continue
-        for g in s.graphs:
-            if _graph_line(g) != line:
-                continue
-            if g.kind == "compile":
-                return False
-            ran = ran or g.graph_hash in hashes
+    for g in _later_graphs(line, index, steps):
+        if g.kind == "compile":
+            return False
+        ran = ran or g.graph_hash in hashes
     return ran
 
 

@@ -46,10 +46,14 @@ def diff(old: dict[str, Shape], new: dict[str, Shape]) -> list[dict]:
     return changes
 
 
+def shape_text(dims) -> str:
+    """`[16, 52]`."""
+    return "[" + ", ".join(map(str, dims)) + "]"
+
+
 def describe(change: dict) -> str:
     """`x: [16, 52] -> [16, 57] (dim 1)`."""
-    old = "[" + ", ".join(map(str, change["old"])) + "]"
-    new = "[" + ", ".join(map(str, change["new"])) + "]"
+    old, new = shape_text(change["old"]), shape_text(change["new"])
     name = change["name"] + (f" (line {change['line']})" if change.get("line") else "")
     text = f"{name}: {old} -> {new}"
     if change["old_dtype"] != change["new_dtype"]:
