@@ -548,3 +548,7 @@ def test_an_is_cuda_check_that_picks_a_kernel_by_name_is_left_with_an_info():
         assert 'dev = "cuda" if' not in done.new_source
         kept = [f for f in done.findings if f.code == "TPU103" and f.location.line == 4]
         assert len(kept) == 2 and all(f.severity is Severity.INFO and not f.needs_person for f in kept)
+    # a CUDA device string on one side is a device choice, ported (its other side names no device)
+    picked = migrate_source('import torch\ndef f(a):\n    return "cuda:0" if a.is_cuda else "nccl"\n', "l.py",
+                            MigrateOptions(rules=select_rules([], [])))
+    assert "a.is_cuda" not in picked.new_source

@@ -334,8 +334,8 @@ class _IsCudaChecks(cst.CSTVisitor):
             self.found.append(node)
 
 
-def _names_a_device(text: str | None) -> bool:
-    return text is not None and (text in ("cpu", "meta", "xla", "mps") or is_cuda_device_string(text))
+def _names_a_device(expr: cst.BaseExpression) -> bool:
+    return is_cuda_device_string(expr) or string_value(expr) in ("cpu", "meta", "xla", "mps")
 
 
 @transform("TPU103")
@@ -349,7 +349,7 @@ class IsCuda(Transform):
         # CUDA kernel or driver by name, not a device; on TPU the non-CUDA choice is the one
         # that exists, and the check, False there, already makes it.
         body, orelse = string_value(node.body), string_value(node.orelse)
-        if body is None or orelse is None or _names_a_device(body) or _names_a_device(orelse):
+        if body is None or orelse is None or _names_a_device(node.body) or _names_a_device(node.orelse):
             return
         checks = _IsCudaChecks()
         node.test.visit(checks)
