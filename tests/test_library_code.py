@@ -552,3 +552,153 @@ def test_an_is_cuda_check_that_picks_a_kernel_by_name_is_left_with_an_info():
     picked = migrate_source('import torch\ndef f(a):\n    return "cuda:0" if a.is_cuda else "nccl"\n', "l.py",
                             MigrateOptions(rules=select_rules([], [])))
     assert "a.is_cuda" not in picked.new_source
+
+
+# -- the second sample's harmful classes (accelerate, deepspeed, transformers, torch) ------
+def test_pytorchs_own_package_in_a_walked_folder_is_left_out(tmp_path, run_cli):
+    """torch/fx/experimental/const_fold.py, imported by torch/__init__, gained `import
+    torch_xla` (which imports torch): `import torch` broke. A named folder is still taken."""
+    package = tmp_path / "vendor" / "torch"
+    (package / "fx").mkdir(parents=True)
+    for init in (package / "__init__.py", package / "fx" / "__init__.py"):
+        init.write_text("")
+    cuda = "import torch\nx = torch.randn(2).cuda()\n"
+    (package / "fx" / "const_fold.py").write_text(cuda)
+    (tmp_path / "vendor" / "train.py").write_text(cuda)
+    proc = run_cli("migrate", "--format", "json", "vendor", cwd=tmp_path, check_rc=0)
+    import json
+
+    summary = json.loads(proc.stdout)["summary"]
+    assert summary["framework_packages_skipped"] == ["vendor/torch"]
+    assert (package / "fx" / "const_fold.py").read_text() == cuda
+    assert ".cuda()" not in (tmp_path / "vendor" / "train.py").read_text()
+    text = run_cli("migrate", "--check", "vendor", cwd=tmp_path).stdout
+    assert "Left out PyTorch's own package vendor/torch" in text
+    run_cli("migrate", "vendor/torch", cwd=tmp_path, check_rc=0)  # named: migrated
+    assert ".cuda()" not in (package / "fx" / "const_fold.py").read_text()
+
+
+def test_a_negated_flag_that_picks_a_cuda_build_stays_cuda():
+    """deepspeed's op builder: `build_for_cpu = not torch.cuda.is_available()` then `if not
+    self.build_for_cpu: nvcc_args.append(...)`: rewritten, a TPU host tried an nvcc build."""
+    result = migrate("""
+    import torch
+    class Builder:
+        def jit_load(self):
+            self.build_for_cpu = not torch.cuda.is_available()
+            nvcc_args = []
+            if not self.build_for_cpu and self.enable_bf16:
+                nvcc_args.append("-DBF16_AVAILABLE")
+            return load(sources, extra_cuda_cflags=nvcc_args)
+    """)
+    assert "self.build_for_cpu = not torch.cuda.is_available()\n" in result.new_source
+    left = [f for f in result.findings if f.code == "TPU110"]
+    assert len(left) == 1 and not left[0].applied and "nvcc_args" in left[0].message
+
+
+def test_a_flag_whose_branches_are_ported_is_still_rewritten():
+    """pytorch/examples' mnist: `use_cuda` guards a `cuda_kwargs` dict: a local's name says
+    nothing, and the flag must become true on a TPU."""
+    new = fixed_point("""
+    import torch
+    def main(args):
+        use_cuda = not args.no_cuda and torch.cuda.is_available()
+        if use_cuda:
+            cuda_kwargs = {"num_workers": 1, "pin_memory": True}
+            train_kwargs.update(cuda_kwargs)
+        device = torch.device("cuda" if use_cuda else "cpu")
+    """)
+    assert "use_cuda = not args.no_cuda and bool(xr.device_type())\n" in new
+
+
+def test_a_device_count_that_runs_a_cuda_only_loop_stays_cuda():
+    result = migrate("""
+    import torch
+    def archs():
+        ccs = []
+        for i in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(i)
+            ccs.append(f"{major}.{minor}")
+        for i in range(torch.cuda.device_count()):
+            print(i)
+        return ccs
+    """)
+    new = result.new_source
+    assert "for i in range(torch.cuda.device_count()):\n        major" in new
+    assert "for i in range(torch_xla.device_count()):\n        print(i)" in new
+    count = next(f for f in result.findings if f.location.line == 4)
+    assert not count.applied and "0 on a TPU, so the loop does not run" in count.message
+
+
+def test_a_test_that_asks_for_another_vendors_gpu_stays_false_on_a_tpu():
+    """transformers' AWQ quantizer: `not cuda and not xpu` picks the CPU (IPEX) kernels and
+    `(cuda or xpu)` casts bf16 to fp16 for the GPU kernels: a TPU has neither kernel."""
+    source = """
+    import torch
+    def validate(version):
+        if version == "gemm" and not torch.cuda.is_available() and not torch.xpu.is_available():
+            version = "ipex"
+        if dtype == torch.bfloat16 and (torch.cuda.is_available() or torch.xpu.is_available()):
+            dtype = torch.float16
+        return version
+    """
+    result = migrate(source)
+    assert result.new_source == textwrap.dedent(source).lstrip("\n")
+    assert all("asks for a GPU, not an accelerator" in f.message for f in result.findings)
+    assert len(result.findings) == 2
+
+
+def test_an_accelerators_type_is_its_name_and_starts_nothing():
+    """accelerate's notebook launcher reads `current_accelerator().type` in the parent right
+    before a fork: `torch_xla.device().type` would start the runtime the children inherit."""
+    new = fixed_point("""
+    import torch
+    def notebook_launcher(fn):
+        device_type = torch.accelerator.current_accelerator().type if hasattr(torch, "accelerator") else "cuda"
+        start_processes(fn, start_method="fork")
+    """)
+    assert 'device_type = "xla" if hasattr(torch, "accelerator") else "cuda"\n' in new
+    assert "torch_xla" not in new
+
+
+def test_a_function_the_module_calls_at_import_does_not_start_the_runtime(tmp_path):
+    """accelerate's test utils: `torch_device, device_count = get_backend()` at module level,
+    and `require_multi_gpu(test_case)` decorators: both run when the module is imported."""
+    (tmp_path / "__init__.py").write_text("")
+    module = str(tmp_path / "testing.py")
+    source = textwrap.dedent("""
+    import unittest
+    import torch
+    def get_backend():
+        return "cuda", torch.cuda.device_count()
+    def require_multi_gpu(test_case):
+        return unittest.skipUnless(torch.cuda.device_count() > 1, "needs GPUs")(test_case)
+    def later():
+        return torch.cuda.device_count()
+    torch_device, device_count = get_backend()
+    if __name__ == "__main__":
+        print(later())
+    """).lstrip("\n")
+    result = migrate_source(source, module, ALL)
+    new = result.new_source
+    assert 'return "cuda", _xla_launch_process_count()\n' in new
+    assert "unittest.skipUnless(_xla_launch_process_count() > 1" in new
+    assert "return torch_xla.device_count()\n" in new  # called only by the program
+    assert migrate_source(new, module, ALL).new_source == new
+
+
+def test_a_process_group_with_its_own_store_is_left_with_its_environment():
+    """accelerate's debug launcher: gloo over a FileStore in processes it forked itself."""
+    source = """
+    import os
+    import torch
+    def __call__(self, index):
+        world_size = int(os.environ.get("WORLD_SIZE"))
+        torch.distributed.init_process_group(
+            "gloo", rank=index, store=torch.distributed.FileStore(rdv, world_size),
+            world_size=world_size)
+    """
+    result = migrate(source)
+    assert result.new_source == textwrap.dedent(source).lstrip("\n")
+    [finding] = result.findings
+    assert finding.code == "TPU401" and "its own `store=`" in finding.message

@@ -48,6 +48,7 @@ class MigrateRequest:
     follow_imports: bool = True
     strict: bool = False  # also report suppression comments that silence nothing (TPU009)
     followed: list[Path] = field(default_factory=list)  # filled by build_jobs
+    framework: list[Path] = field(default_factory=list)  # PyTorch's own packages, left out
 
 
 def _mirror(path: Path, base: Path, out_dir: Path) -> Path:
@@ -91,7 +92,7 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
     if request.out_dir is not None:
         out = real_path(request.out_dir)
         exclude.append(out.as_posix())
-    files = discover(request.paths, exclude, cfg.root)
+    files = discover(request.paths, exclude, cfg.root, skipped=request.framework)
     if request.follow_imports:
         request.followed = _followed(request, files, exclude)
         files += request.followed
@@ -149,8 +150,10 @@ def summarize(request: MigrateRequest, results: list[FileResult],
     suppressed = [s for r in results for s in r.suppressed]
     if suppressed:  # findings `# tpukit: ignore` comments silenced, with the comment
         summary["suppressed"] = suppressed
+    if request.framework:
+        summary["framework_packages_skipped"] = [display_path(p) for p in request.framework]
     if not results:
-        return summary, "No Python files found."
+        return summary, "No Python files found." + _framework_note(request)
     verb = {
         Mode.WRITE: "Changed",
         Mode.OUT: "Migrated copies written;",
@@ -173,7 +176,16 @@ def summarize(request: MigrateRequest, results: list[FileResult],
         line += (f" With the local module{'s' if len(names) != 1 else ''} the named "
                  f"script{'s import' if len(request.paths) != 1 else ' imports'}: {', '.join(names)} "
                  "(--no-follow-imports: only the files named).")
-    return summary, line
+    return summary, line + _framework_note(request)
+
+
+def _framework_note(request: MigrateRequest) -> str:
+    if not request.framework:
+        return ""
+    names = [display_path(p) for p in request.framework]
+    return (f" Left out PyTorch's own package{'s' if len(names) != 1 else ''} {', '.join(names)}:"
+            " tpukit ports code that uses torch, not torch itself (name the folder to migrate it"
+            " anyway).")
 
 
 def shell_findings(request: MigrateRequest) -> tuple[list, int]:

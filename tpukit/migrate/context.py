@@ -46,6 +46,7 @@ class MigrationContext:
         self.names = names = Names(module, source)
         self.sink = sink = EditSink(target, unsafe_fixes, names, path)
         self.devices = devices = DeviceFacts(target, path, source, names, sink.need_import)
+        devices.module = module
         # The facts the traversal feeds (their visit_<Node>/leave_<Node> methods, run before
         # any rule's hook): the engine knows them by this tuple only.
         self.facts = (devices,)
@@ -70,6 +71,7 @@ class MigrationContext:
         self.device_object_in_code = devices.device_object_in_code
         self.package_module = devices.package_module
         self.at_import_time, self.used_as_string = devices.at_import_time, devices.used_as_string
+        self.import_time_reason = devices.import_time_reason
         self.bind_device, self.device_in_scope = devices.bind, devices.in_scope
 
     @property

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from tpukit.migrate.import_time import import_time_functions
 from tpukit.migrate.names import Names
 from tpukit.migrate.nodes import dotted, is_cuda_device_string
 from tpukit.rules import load_rules
@@ -99,11 +100,30 @@ class DeviceFacts:
         self.package_module = bool(path) and (
             name == "__init__.py" or (Path(path).parent / "__init__.py").is_file())
         self.header_depth = 0  # inside parameters (defaults) and decorators of `functions`
+        self.module: cst.Module | None = None  # the file, for the functions run at import
+        self._import_time: dict[str, str] | None = None
 
     # -- what a rule reads ------------------------------------------------------------
     def at_import_time(self) -> bool:
-        """Does the current code run when this package module is imported?"""
-        return self.package_module and len(self.names.functions) == self.header_depth
+        """Does the current code run when this package module is imported (its top level, or
+        a module-level function its top level calls)?"""
+        return self.import_time_reason() is not None
+
+    def import_time_reason(self) -> str | None:
+        """Why the current code runs when this package module is imported, or None: "" for
+        its top level (defaults and decorators included), else which function and why."""
+        if not self.package_module:
+            return None
+        functions = self.names.functions
+        if len(functions) == self.header_depth:
+            return ""
+        if len(functions) - self.header_depth != 1 or self.module is None:
+            return None
+        if self._import_time is None:
+            self._import_time = import_time_functions(self.module)
+        outer = functions[0]
+        return self._import_time.get(outer.name.value) if isinstance(outer, cst.FunctionDef) \
+            and any(s is outer for s in self.module.body) else None
 
     @property
     def device_object(self) -> str:

@@ -25,6 +25,7 @@ from tpukit.migrate.guards import (
     cuda_only_function,
     restore_after,
     restore_flags,
+    restore_loop,
     restore_unported,
 )
 from tpukit.migrate.prune import Layout
@@ -356,6 +357,8 @@ class Rewriter(cst.CSTTransformer):
             updated = restore_unported(self.ctx, updated)
         elif self.ctx.guards and isinstance(updated, cst.Assign):
             updated = restore_flags(self.ctx, updated)
+        elif self.ctx.guards and isinstance(updated, cst.For):
+            updated = restore_loop(self.ctx, updated)
         if isinstance(updated, cst.SimpleStatementLine):
             return self._apply_line_plans(original, updated)
         if isinstance(updated, cst.SimpleStatementSuite):

@@ -27,6 +27,17 @@ from tpukit.migrate.engine import MigrateOptions, MigrationBug, compiles, migrat
 from tpukit.rules import load_rules
 
 SKIP_DIRS = {".venv", "venv", "__pycache__", "node_modules", "site-packages", ".tox", ".git"}
+# PyTorch's own packages, found inside a folder being walked (a vendored or unpacked torch):
+# tpukit ports code that uses torch, not torch. Rewriting torch itself breaks `import torch`
+# (torch/fx/experimental/const_fold.py, imported by torch/__init__, would import torch_xla,
+# which imports torch) and turns its CUDA kernels' own checks (Inductor, torch.testing) into
+# XLA ones. A folder named on the command line is still taken as it is.
+FRAMEWORK_PACKAGES = {"torch", "torch_xla", "torch_tpu", "functorch", "torchgen"}
+
+
+def framework_package(folder: Path) -> bool:
+    """Is `folder` one of PyTorch's own packages (a package folder with one of their names)?"""
+    return folder.name in FRAMEWORK_PACKAGES and (folder / "__init__.py").is_file()
 
 
 class Mode(str, Enum):
@@ -77,9 +88,11 @@ def _excluded(path: Path, patterns: list[str], root: Path) -> bool:
     return False
 
 
-def discover(paths: list[Path], exclude: list[str], root: Path, suffix: str = ".py") -> list[Path]:
+def discover(paths: list[Path], exclude: list[str], root: Path, suffix: str = ".py",
+             skipped: list[Path] | None = None) -> list[Path]:
     """Python files (or `suffix` ones) under `paths`, sorted; named files are taken as they are
-    (like ruff), except that shell scripts go to the shell scan (shell.py) and only there."""
+    (like ruff), except that shell scripts go to the shell scan (shell.py) and only there.
+    PyTorch's own packages met in a walk are left out, and added to `skipped`."""
     found: list[Path] = []
     for path in paths:
         if not path.is_dir():
@@ -88,11 +101,15 @@ def discover(paths: list[Path], exclude: list[str], root: Path, suffix: str = ".
             continue
         for folder, dirs, files in os.walk(path):
             here = Path(folder)
+            framework = [d for d in dirs if framework_package(here / d)]
+            if skipped is not None:
+                skipped.extend(here / d for d in sorted(framework))
             dirs[:] = sorted(
                 d
                 for d in dirs
                 if not d.startswith(".")
                 and d not in SKIP_DIRS
+                and d not in framework
                 and not _excluded(here / d, exclude, root)
             )
             for name in sorted(files):

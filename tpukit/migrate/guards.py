@@ -28,11 +28,13 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
     restore = {}
     # `device.type == "cuda" and not check_cuda_p2p_ib_support()`: the rest of the test is
     # CUDA's too, and runs once the guard is true.
-    in_test = residual_cuda(ctx, updated.test) if found.uses else None
+    vendor = _other_vendor(ctx, updated.test) if found.uses else None
+    in_test = (residual_cuda(ctx, updated.test) or vendor) if found.uses else None
     deferred = []
     for key, negated in found.uses.items():
         if in_test is not None:
-            restore[key] = _put_back(ctx, key, in_test, " in the same test")
+            restore[key] = _put_back(ctx, key, in_test, " in the same test" if in_test != vendor else
+                                     " in the same test: it asks for a GPU, not an accelerator")
             continue
         polarity = ctx.guards[key][2]
         guarded = updated.orelse if negated != polarity else updated.body
@@ -63,6 +65,31 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
     return updated
 
 
+# Other vendors' GPUs: `not torch.cuda.is_available() and not torch.xpu.is_available()` asks
+# "is there a GPU" (transformers' AWQ kernels, which are CUDA/XPU only), not "is there an
+# accelerator", so it stays False on a TPU.
+_OTHER_GPUS = ("torch.xpu", "torch.mps", "torch.backends.mps", "torch.mtia", "torch.npu",
+               "torch.mlu", "torch.musa", "torch.hpu", "torch.version.hip")
+
+
+def _other_vendor(ctx: MigrationContext, test: cst.BaseExpression) -> str | None:
+    finder = _OtherVendor(ctx)
+    test.visit(finder)
+    return finder.found
+
+
+class _OtherVendor(cst.CSTVisitor):
+    def __init__(self, ctx: MigrationContext) -> None:
+        self.ctx = ctx
+        self.found: str | None = None
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        name = self.ctx.qualify(node) or ""
+        if self.found is None and any(name == m or name.startswith(m + ".") for m in _OTHER_GPUS):
+            self.found = self.ctx.short(node)
+        return self.found is None
+
+
 def restore_after(ctx: MigrationContext, block: cst.IndentedBlock | cst.Module):
     """`if not torch.cuda.is_available(): return skip(...)` then `torch.cuda.get_device_
     properties(0)`: a negated guard without an else guards the statements after it."""
@@ -81,6 +108,22 @@ def restore_after(ctx: MigrationContext, block: cst.IndentedBlock | cst.Module):
     return block.with_changes(body=body) if changed else block
 
 
+def restore_loop(ctx: MigrationContext, updated: cst.For):
+    """`for i in range(torch.cuda.device_count()): torch.cuda.get_device_capability(i)`
+    (deepspeed's op builder): a count that decides how often CUDA-only code runs stays CUDA's
+    (0 on a TPU: the loop does not run) while its body is CUDA-only."""
+    found = _GuardUses(ctx.guards)
+    updated.iter.visit(found)
+    if not found.uses:
+        return updated
+    left = residual_cuda(ctx, updated.body)
+    if left is None:
+        return updated
+    restore = {key: _put_back(ctx, key, left, " in the loop it counts",
+                                   "0 on a TPU, so the loop does not run") for key in found.uses}
+    return updated.with_changes(iter=updated.iter.visit(_Restore(restore)))
+
+
 def _exits(body: cst.BaseSuite) -> bool:
     last = body.body[-1] if body.body else None
     if isinstance(last, cst.SimpleStatementLine):
@@ -92,6 +135,8 @@ def restore_flags(ctx: MigrationContext, updated: cst.Assign):
     """`self.is_cuda = device.type == "cuda" and torch.cuda.is_available()`, read later by
     `if self.is_cuda: stream = torch.cuda.Stream(...)` (timm's prefetcher): a flag that guards
     CUDA-only code keeps its CUDA test, so that it stays False on a TPU."""
+    if isinstance(updated.value, cst.IfExp):
+        return updated  # a value chosen by a test (`device = ... if ... else ...`), not a flag
     found = _GuardUses(ctx.guards)
     updated.value.visit(found)
     if not found.uses:
@@ -106,13 +151,14 @@ def restore_flags(ctx: MigrationContext, updated: cst.Assign):
     return updated
 
 
-def _put_back(ctx: MigrationContext, key: int, left: str, where: str = "") -> cst.CSTNode:
+def _put_back(ctx: MigrationContext, key: int, left: str, where: str = "",
+              then: str = "False on a TPU, so the other branch runs") -> cst.CSTNode:
     original, report, _, shown = ctx.guards.pop(key)
     report.applied = False
     report.fix = FixKind.NONE
     report.message = (
         f"`{ctx.short(shown)}` guards code that is still CUDA-only (`{left}`{where}): left as it is "
-        "(False on a TPU, so the other branch runs); port what it guards, then the guard")
+        f"({then}); port what it guards, then the guard")
     return original
 
 
@@ -120,17 +166,115 @@ def _put_back(ctx: MigrationContext, key: int, left: str, where: str = "") -> cs
 # one of these is a CUDA-only guard.
 _CUDA_ONLY_USE = re.compile(r"torch\.cuda\.(?:Stream|stream|current_stream|default_stream|"
                             r"set_stream|Event|graph|CUDAGraph|graphs|nvtx|get_rng_state|"
-                            r"set_rng_state|comm|nccl|jiterator)\b")
+                            r"set_rng_state|comm|nccl|jiterator|get_device_capability|"
+                            r"get_arch_list|get_device_properties)\b")
+# A compiler no rule ports: `nvcc_args`, `self.nvcc_flags()`.
+_NVCC = re.compile(r"nvcc", re.I)
+
+
+@functools.cache
+def _unported_call(target: str, name: str) -> bool:
+    """No call-map rule rewrites `name` on `target` (its entry, if any, only says what to do)."""
+    for rule in load_rules().values():
+        entry = rule.target(target).get("calls", {}).get(name)
+        if entry is not None and any(k in entry for k in ("replace", "statements", "remove")):
+            return False
+    return True
 
 
 def _guards_cuda_only(ctx: MigrationContext, name: str) -> str | None:
-    pattern = re.compile(rf"^([ \t]*)(?:el)?if\b[^\n]*\b{re.escape(name)}\b[^\n]*:[ \t]*\n"
-                         rf"((?:\1[ \t]+[^\n]*\n|[ \t]*\n)*)", re.M)
-    for match in pattern.finditer(ctx.source):
-        used = _CUDA_ONLY_USE.search(match.group(2))
-        if used:
-            return used.group(0)
-    return None
+    """What CUDA-only code a flag decides: the first thing no rule ports in either branch of
+    an `if` (or conditional expression) whose test reads `name` (`if not self.build_for_cpu:
+    nvcc_args.append(...)`, deepspeed's op builder; timm's `if self.is_cuda: torch.cuda.Stream`),
+    or None. Read from the code as written: what a rule would port does not count."""
+    finder = _FlagReaders(ctx, name)
+    ctx.module.visit(finder)
+    return finder.found
+
+
+class _FlagReaders(cst.CSTVisitor):
+    def __init__(self, ctx: MigrationContext, name: str) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.found: str | None = None
+
+    def _reads(self, test: cst.BaseExpression) -> bool:
+        reads = _Reads(self.name)
+        test.visit(reads)
+        return reads.hit
+
+    def visit_If(self, node: cst.If | cst.IfExp) -> bool:
+        if self.found is None and self._reads(node.test):
+            for branch in (node.body, node.orelse):
+                if branch is not None and self.found is None:
+                    self.found = _unported_cuda(self.ctx, branch)
+        return self.found is None
+
+    visit_IfExp = visit_If
+
+
+class _Reads(cst.CSTVisitor):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.hit = False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.hit = self.hit or node.value == self.name
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.hit = self.hit or node.attr.value == self.name
+
+
+def _unported_cuda(ctx: MigrationContext, node: cst.CSTNode) -> str | None:
+    """The first CUDA-only thing in code as written that no rule ports, or None."""
+    finder = _UnportedCuda(ctx)
+    node.visit(finder)
+    return finder.found
+
+
+class _UnportedCuda(cst.CSTVisitor):
+    def __init__(self, ctx: MigrationContext) -> None:
+        self.ctx = ctx
+        self.found: str | None = None
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.found is not None:
+            return False
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and node.func.attr.value == "cuda":
+            node.func.value.visit(self)  # `.cuda()` is ported; what it is called on may not be
+            for arg in node.args:
+                arg.visit(self)
+            return False
+        if isinstance(node, cst.Arg) and node.keyword is not None \
+                and "cuda" in node.keyword.value.lower():
+            self.found = f"{node.keyword.value}="  # cpp_extension.load(with_cuda=...)
+            return False
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            names = [dotted(node.module) or ""] if isinstance(node, cst.ImportFrom) else []
+            if not isinstance(node, cst.ImportFrom) or not isinstance(node.names, cst.ImportStar):
+                names += [dotted(a.name) or "" for a in node.names]
+            hit = next((n for n in names if "cuda" in n.lower() or _cuda_only(n)), None)
+            if hit is not None:
+                self.found = f"import {hit}"  # `from torch.utils.cpp_extension import CUDAExtension`
+            return False
+        if isinstance(node, (cst.Attribute, cst.Name)):
+            name = self.ctx.qualify(node)
+            own = node.attr.value if isinstance(node, cst.Attribute) else node.value
+            if name is not None and name.startswith("torch.cuda"):
+                used = _CUDA_ONLY_USE.match(name)
+                if used and _unported_call(self.ctx.target, used.group(0)):
+                    self.found = used.group(0)
+                return False  # anything else under torch.cuda has a rule
+            if name is not None and not name.startswith("torch.backends") and (
+                    _cuda_only(name) or "cuda" in name.lower()):
+                self.found = self.ctx.short(node)  # an imported CUDA name: CUDAExtension
+                return False
+            if _NVCC.search(own):
+                self.found = self.ctx.short(node)
+                return False
+            # A local's own name (`cuda_kwargs`, `use_cuda`) says nothing about what it holds.
+        return not isinstance(node, (cst.SimpleString, cst.FormattedString))
 
 
 class _GuardUses(cst.CSTVisitor):

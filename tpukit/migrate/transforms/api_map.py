@@ -13,6 +13,9 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
   otherwise   the finding's message for a call `when` does not match (no rewrite)
   as_device   the `replace` template where the call's value is used as a device (`.to(...)`,
               `device=`, `map_location=`, a `device_map` dict; `as_device_note`: its note)
+  as_type     the `replace` template where only the value's `.type` is read
+              (`current_accelerator().type`: the string "xla", which starts nothing;
+              `as_type_note`: its note)
   before_launch  the `replace` template to use instead in a launcher's scope (the function or
               top level that calls mp.spawn / torch_xla.launch), where the XLA runtime must
               not be initialised yet (`before_launch_note`: its note, `before_launch_helper`:
@@ -38,6 +41,8 @@ class CallMap(Transform):
         self.calls: dict[str, dict] = self.mapping.get("calls", {})
         self.as_device = any("as_device" in entry for entry in self.calls.values())
         self.device_arguments: set[int] = set()  # id() of expressions used as a device
+        self.as_type = any("as_type" in entry for entry in self.calls.values())
+        self.type_reads: set[int] = set()  # id() of calls whose value is read for `.type`
 
     def _entry(self, call: cst.BaseExpression,
                report_otherwise: bool = False) -> tuple[str, dict] | tuple[None, None]:
@@ -108,9 +113,26 @@ class CallMap(Transform):
                 and "index" not in function.name.value.lower()):
             self.device_arguments.add(id(node.value))
 
+    def visit_Attribute(self, node: cst.Attribute):
+        """`current_accelerator().type` becomes the type's name (the whole attribute)."""
+        if not (self.as_type and node.attr.value == "type" and isinstance(node.value, cst.Call)):
+            return None
+        name, entry = self._entry(node.value)
+        if entry is None or "as_type" not in entry or any(
+                n in attribute_names(self.ctx) for n in (
+                    self.ctx.assign_targets[-1] if self.ctx.assign_targets else ())):
+            return None  # getattr(torch, device_type): visit_Call says why it is left
+        self.type_reads.add(id(node.value))
+        new = entry["as_type"]
+        note = entry.get("as_type_note", entry.get("note"))
+        return self.fix_or_report(node.value, self._describe(node, new, {"note": note}),
+                                  lambda: self.ctx.expr(new))
+
     def visit_Call(self, node: cst.Call):
         if self.as_device:
             self._mark_device_arguments(node)
+        if id(node) in self.type_reads:
+            return None  # its `.type` was rewritten as a whole (visit_Attribute)
         name, entry = self._entry(node, report_otherwise=True)
         if entry is None:
             return None
@@ -146,9 +168,10 @@ class CallMap(Transform):
                          "XLA runtime must not start yet: " + entry.get("note", ""),
                          "helper": entry.get("before_launch_helper")}
             else:
+                why = self.ctx.import_time_reason()
                 self._manual(node, f"`{self._format(template, node)}` would start the XLA "
-                             "runtime when this module is imported; move the call into the "
-                             "function that needs it, then port it")
+                             "runtime when this module is imported" + (f" ({why})" if why else "")
+                             + "; move the call into the function that needs it, then port it")
                 return None
         new = self._format(template, node)
 
@@ -162,7 +185,10 @@ class CallMap(Transform):
             self.ctx.add_guard(replacement, node)
         return replacement
 
-GUARDS = {"torch.cuda.is_available", "torch.accelerator.is_available"}
+# Calls whose value decides whether code runs: an availability test, and a count (`if
+# torch.cuda.device_count() > 1:`, `for i in range(torch.cuda.device_count()):`).
+GUARDS = {"torch.cuda.is_available", "torch.accelerator.is_available", "torch.cuda.device_count",
+          "torch.accelerator.device_count"}
 DEVICE_KEYWORDS = ("device", "map_location", "device_map")
 # torch_xla calls that start the runtime (xr.device_type() only reads the environment).
 STARTS_RUNTIME = re.compile(r"torch_xla\.device(?:_count)?\(|\bxm\.|\bxr\.(?!device_type\()")

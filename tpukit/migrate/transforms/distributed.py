@@ -45,6 +45,7 @@ WORLD_NAMES = {"world_size", "world", "nprocs", "ngpus", "n_gpus", "num_gpus", "
 _GROUP_SPLAT = re.compile(r"init_process_group\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\*")
 _NCCL_BACKEND = re.compile(r"^(?:nccl|cuda:nccl(?:,cpu:gloo)?|cpu:gloo,cuda:nccl)$")
 DEFAULT_BACKEND = "torch.distributed.get_default_backend_for_device"
+_OWN_STORE = re.compile(r"init_process_group\((?:[^()]|\([^()]*\))*\bstore\s*=")
 _CUDA_OR_CPU_BACKEND = re.compile(r"\b(?:nccl|gloo)\b")  # "nccl", "cuda:nccl,cpu:gloo"
 DEVICE_INDEX_KEYWORDS = ("device", "device_id", "output_device")
 COMPILE_MODES_WITHOUT_MEANING = {"reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}
@@ -102,6 +103,18 @@ class ProcessGroup(Transform):
         written = string_value(backend.value) if backend is not None else None
         if written is not None and not _CUDA_OR_CPU_BACKEND.search(written):
             return None  # "xla", "tpu_dist"; another vendor's ("hccl", "cncl"): not CUDA's
+        store = find_keyword(node, "store")
+        if store is not None:
+            # accelerate's debug launcher: gloo over its own FileStore, in processes it forked
+            # itself (no torch_xla.launch, so no XLA rendezvous): a CPU group that works on a
+            # TPU host as it is, and that "xla://" would drop.
+            self.ctx.report(self.rule, node, self.say(
+                "own_store", "`{code}`: the process group meets through its own `store=` ({store})"
+                ", not a launcher: left as it is (under torch_xla.launch use "
+                '`init_process_group("xla", init_method="xla://")` and drop the store)',
+                code=self.ctx.short(node), store=self.ctx.short(store.value)),
+                applied=False, fix=FixKind.NONE)
+            return None
         # `**kwargs` may set init_method, rank or world_size: they stay, and only a backend
         # that is written out changes (adding one could collide with the splat).
         splat = any(a.star for a in node.args)
@@ -532,6 +545,8 @@ class TorchrunRanks(Transform):
         if dotted(node.func) == "int" and len(node.args) == 1:
             key, has_default = env_key(self.ctx, node.args[0].value)
             if key in self.mapping.get("env", {}) and not has_default:
+                if self._own_rendezvous():
+                    return None  # the environment's numbers feed the script's own store
                 if id(node) in self.device_values:
                     return self._rank_device(node, node, is_to=False)
                 return self._replace(node, key)
@@ -544,6 +559,13 @@ class TorchrunRanks(Transform):
             if isinstance(value, (cst.Name, cst.Attribute)) and terminal_name(value) in rank_names(self.ctx):
                 return self._rank_device(node, value, is_to)
         return None
+
+    def _own_rendezvous(self) -> bool:
+        """Does the enclosing function meet through its own `store=` (TPU401 leaves that
+        group as it is)? Its RANK / WORLD_SIZE then stay the launcher's, not torch_xla's."""
+        scope = self.ctx.functions[-1] if self.ctx.functions else None
+        return self.ctx.memo(("own_store", id(scope)), lambda: bool(_OWN_STORE.search(
+            self.ctx.code(scope) if scope is not None else self.ctx.source)))
 
     def _replace(self, node: cst.Call, key: str):
         new = self.mapping["env"][key]
