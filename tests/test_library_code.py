@@ -702,3 +702,31 @@ def test_a_process_group_with_its_own_store_is_left_with_its_environment():
     assert result.new_source == textwrap.dedent(source).lstrip("\n")
     [finding] = result.findings
     assert finding.code == "TPU401" and "its own `store=`" in finding.message
+
+
+def test_a_loop_that_rebinds_its_own_target_feeds_nothing_forward():
+    """diffusers' adapter pipeline: `for one_image in image: one_image = preprocess(one_image)`
+    under no_grad got a sync per image, as if it were a sampler."""
+    source = """
+    import torch
+    @torch.no_grad()
+    def __call__(self, image, device):
+        adapter_input = []
+        for one_image in image:
+            one_image = preprocess(one_image)
+            one_image = one_image.cuda()
+            adapter_input.append(one_image)
+        return adapter_input
+    """
+    assert "sync" not in out(source)
+    sampler = out("""
+    import torch
+    @torch.no_grad()
+    def sample(model, idx, n):
+        idx = idx.cuda()
+        for _ in range(n):
+            logits = model(idx)
+            idx = torch.cat((idx, logits.argmax(-1)), dim=1)
+        return idx
+    """)
+    assert "torch_xla.sync()" in sampler

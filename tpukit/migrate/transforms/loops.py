@@ -299,18 +299,24 @@ def carries_state(loop: cst.For | cst.While) -> bool:
     cut per iteration XLA traces the whole chain into every later graph: a new, longer graph
     at each host read (yunjey's language-model sampler: 164 graphs in 186 s)."""
     body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else ()
+    # Names this iteration binds before it reads them are not carried over: the loop's own
+    # target (diffusers' `for one_image in image: one_image = preprocess(one_image)`), and
+    # what an earlier statement of the body assigned.
+    fresh = set(_target_names(loop.target)) if isinstance(loop, cst.For) else set()
     for stmt in body:
         if not isinstance(stmt, cst.SimpleStatementLine):
             continue
         for small in stmt.body:
-            if not (isinstance(small, cst.Assign) and isinstance(small.value, cst.Call)):
+            if not isinstance(small, cst.Assign):
                 continue
             targets = {n for t in small.targets for n in _target_names(t.target)}
-            used = _Names()
-            for arg in small.value.args:
-                arg.value.visit(used)
-            if targets & used.names:
-                return True
+            if isinstance(small.value, cst.Call):
+                used = _Names()
+                for arg in small.value.args:
+                    arg.value.visit(used)
+                if (targets & used.names) - fresh:
+                    return True
+            fresh |= targets
     return False
 
 
