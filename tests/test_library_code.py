@@ -730,3 +730,26 @@ def test_a_loop_that_rebinds_its_own_target_feeds_nothing_forward():
         return idx
     """)
     assert "torch_xla.sync()" in sampler
+
+
+def test_a_try_block_around_a_cuda_extension_is_findings_only():
+    """fairscale's FusedAdam lives in `try: from fairscale import fused_adam_cuda`: it exists
+    only where CUDA does, and its `.is_cuda` asserts feed CUDA kernels."""
+    source = """
+    import torch
+    try:
+        from fairscale import fused_adam_cuda
+        class FusedAdam:
+            def step(self, p):
+                assert p.is_cuda
+                buf = torch.cuda.IntTensor([0])
+    except ImportError:
+        pass
+    x = torch.zeros(2).cuda()
+    """
+    result = migrate(source)
+    assert "assert p.is_cuda\n" in result.new_source and "torch.cuda.IntTensor([0])" in result.new_source
+    assert "x = torch.zeros(2).to(" in result.new_source  # outside the try: ported
+    left = [f for f in result.findings if not f.applied]
+    assert {f.code for f in left} == {"TPU103", "TPU121"}
+    assert all("imports fused_adam_cuda, which needs CUDA" in f.message for f in left)

@@ -23,6 +23,7 @@ from tpukit.migrate import helpers
 from tpukit.migrate.context import IMPORTS, MigrationContext, dotted, string_value, terminal_name
 from tpukit.migrate.guards import (
     cuda_only_function,
+    cuda_only_try,
     restore_after,
     restore_flags,
     restore_loop,
@@ -287,6 +288,8 @@ class Rewriter(cst.CSTTransformer):
             if isinstance(node, cst.FunctionDef) and (why := cuda_only_function(node)):
                 ctx.cuda_only.append(why)
             ctx.functions.append(node)
+        elif isinstance(node, cst.Try) and (why := cuda_only_try(node)):
+            ctx.cuda_only.append(why)
         kind = type(node).__name__
         for fact in self.facts.visit.get(kind, ()):
             fact(node)
@@ -331,6 +334,8 @@ class Rewriter(cst.CSTTransformer):
             if isinstance(original, cst.FunctionDef) and cuda_only_function(original):
                 self.ctx.cuda_only.pop()
             self.ctx.functions.pop()
+        elif isinstance(original, cst.Try) and cuda_only_try(original):
+            self.ctx.cuda_only.pop()
         elif isinstance(original, (cst.Import, cst.ImportFrom)):
             self.ctx.in_import = False
         elif isinstance(original, cst.FormattedString):

@@ -378,6 +378,27 @@ def cuda_only_function(node: cst.FunctionDef) -> str | None:
     return None
 
 
+def cuda_only_try(node: cst.Try) -> str | None:
+    """Why a `try:` block is CUDA-only code: it starts by importing a CUDA extension or a
+    CUDA-only library (fairscale's `try: from fairscale import fused_adam_cuda` around its
+    FusedAdam, which an ImportError hides where there is no CUDA), or None."""
+    first = node.body.body[0] if isinstance(node.body, cst.IndentedBlock) and node.body.body \
+        else None
+    imports = first.body if isinstance(first, cst.SimpleStatementLine) else ()
+    for small in imports:
+        if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+            names = [dotted(small.module) or ""] + [dotted(a.name) or "" for a in small.names]
+        elif isinstance(small, cst.Import):
+            names = [dotted(a.name) or "" for a in small.names]
+        else:
+            continue
+        for name in names:
+            if "cuda" in name.lower() or _cuda_only(name) or any(
+                    name == m or name.startswith(m + ".") for m in _CUDA_ONLY_EXTRA):
+                return f"the `try` block imports {name}, which needs CUDA"
+    return None
+
+
 def _cuda_only(name: str) -> bool:
     return bool(name) and any(name == m or name.startswith(m + ".") for m in cuda_only_modules())
 
