@@ -378,3 +378,43 @@ def test_one_cause_over_several_steps_is_one_finding():
     assert "step 4: [8, 13] -> [8, 14]" in one.message and "and 1 more" in one.message
     assert "6 sizes of dim 1: 10..17" in one.message and "Fix: pad dim 1" in one.message
     assert analysis.stats.recompiles_after_warmup == 5   # the count is unchanged
+
+
+# -- the compile dump: XLA's files matched to the debug log's compile events ------------------
+def _module(folder, number: int, params: str, results: str, *body: str) -> None:
+    text = (f"HloModule SyncTensorsGraph.{number}, entry_computation_layout={{({params})->"
+            f"({results})}}\n\nENTRY %main {{\n" + "\n".join(body) + "\n}\n")
+    (folder / f"module_{number:04d}.SyncTensorsGraph.{number}.before_optimizations.txt").write_text(text)
+
+
+def test_dump_files_are_matched_to_compiles_in_order_and_checked_by_their_counts(tmp_path):
+    from tpukit.run.debuglog import GraphEvent
+    from tpukit.run.graphs import CompileDump
+
+    dump = CompileDump(tmp_path)
+    _module(tmp_path, 10, "f32[], f32[100,4]{1,0}", "f32[5,4]{1,0}, f32[]", CONST.format(value="1"))
+    _module(tmp_path, 2, "f32[]", "f32[]", CONST.format(value="2"))  # module 2 compiled first
+    first = GraphEvent("compile", "aaa", inputs=1, outputs=1)
+    dump.read_new([first])
+    assert list(dump.graphs) == ["aaa"] and dump.graphs["aaa"][0].detail == "2"
+    assert dump.graphs["aaa"][0].line == 12
+    dump.read_new([GraphEvent("compile", "bbb", inputs=2, outputs=2)])
+    assert set(dump.graphs) == {"aaa", "bbb"}
+    # A compile the persistent cache answered writes no file: the next file is not its graph.
+    _module(tmp_path, 11, "f32[]", "f32[]", CONST.format(value="3"))
+    dump.read_new([GraphEvent("compile", "ccc", inputs=4, outputs=3)])
+    assert "ccc" not in dump.graphs and not dump.matched
+    dump.remove()
+    assert not tmp_path.exists()
+
+
+def test_a_graph_compiled_without_source_lines_is_diffed_by_opcode():
+    from tpukit.run.graphs import diff_graphs
+
+    plain = ('  %s.3 = f32[5,4]{1,0} slice(f32[100,4]{1,0} %p0.1), slice={[5:10], [0:4]}, '
+             'metadata={op_type="xla__select"}')
+    lined = ('  %s.3 = f32[5,4]{1,0} slice(f32[100,4]{1,0} %p0.1), slice={[10:15], [0:4]}, '
+             'metadata={op_type="xla__select" source_file="/tmp/train.py" source_line=7}')
+    diff = diff_graphs(_hlo(plain), _hlo(lined), _user)
+    assert (diff.kind, diff.op, diff.line) == ("changed", "slice", 7)
+    assert diff.what == "`slice` slice={[5:10], [0:4]} -> slice={[10:15], [0:4]}"
