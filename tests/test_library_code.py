@@ -753,3 +753,33 @@ def test_a_try_block_around_a_cuda_extension_is_findings_only():
     left = [f for f in result.findings if not f.applied]
     assert {f.code for f in left} == {"TPU103", "TPU121"}
     assert all("imports fused_adam_cuda, which needs CUDA" in f.message for f in left)
+
+
+# -- the third sample's harmful classes ----------------------------------------------------
+def test_an_accelerator_type_that_names_a_torch_module_is_left():
+    """diffusers' group offloading: `getattr(torch, current_accelerator().type)` is torch.cuda;
+    "xla" (or torch_xla.device().type) names no torch module: AttributeError at every call."""
+    source = """
+    import torch
+    module = getattr(torch, torch.accelerator.current_accelerator().type) if hasattr(torch, "accelerator") else torch.cuda
+    """
+    result = migrate(source)
+    assert result.new_source == textwrap.dedent(source).lstrip("\n")
+    [finding] = result.findings
+    assert not finding.applied and "names a torch module here" in finding.message
+
+
+def test_a_guard_that_picks_a_cuda_index_or_a_gpu_package_stays():
+    """ultralytics' exporter: `if imx and device is None and torch.cuda.is_available():
+    device = "0"`, and `cuda = torch.cuda.is_available()` choosing "onnxruntime-gpu"."""
+    source = """
+    import torch
+    def export(self, imx):
+        if imx and self.args.device is None and torch.cuda.is_available():
+            self.args.device = "0"
+        cuda = torch.cuda.is_available()
+        check_requirements("onnxruntime-gpu" if cuda else "onnxruntime")
+    """
+    result = migrate(source)
+    assert result.new_source == textwrap.dedent(source).lstrip("\n")
+    assert [f.applied for f in result.findings] == [False, False]

@@ -206,7 +206,13 @@ class _FlagReaders(cst.CSTVisitor):
     def visit_If(self, node: cst.If | cst.IfExp) -> bool:
         if self.found is None and self._reads(node.test):
             for branch in (node.body, node.orelse):
-                if branch is not None and self.found is None:
+                if branch is None or self.found is not None:
+                    continue
+                if isinstance(node, cst.IfExp) and isinstance(branch, cst.SimpleString) \
+                        and _SAYS_GPU.search(branch.value) and not is_cuda_device_string(branch):
+                    # `"onnxruntime-gpu" if cuda else "onnxruntime"`: the flag picks a GPU build
+                    self.found = branch.value
+                else:
                     self.found = _unported_cuda(self.ctx, branch)
         return self.found is None
 
@@ -341,6 +347,11 @@ class _ResidualCuda(cst.CSTVisitor):
             if hit is not None:
                 self.found = f"import {hit}"  # `from .backends.cuda import ops`
             return False
+        elif isinstance(node, cst.Assign) and _is_device_index(node):
+            # ultralytics' exporter: `if ... torch.cuda.is_available(): self.args.device = "0"`
+            # (a CUDA device index, for its select_device)
+            self.found = self.ctx.code(node).strip()
+            return False
         elif isinstance(node, cst.SimpleString) and (
                 is_cuda_device_string(node) or _CUDA_WORD.match(string_value(node) or "")
                 or (self.strings and _SAYS_GPU.search(node.value))):
@@ -349,6 +360,17 @@ class _ResidualCuda(cst.CSTVisitor):
 
 
 _SAYS_GPU = re.compile(r"gpu|cuda", re.I)
+_INDEX = re.compile(r"[0-9]+(?:,[0-9]+)*\Z")  # "0", "0,1": CUDA device indices
+
+
+def _is_device_index(node: cst.Assign) -> bool:
+    """`device = "0"`: a bare index given to a device setting names a CUDA device."""
+    value = string_value(node.value) if isinstance(node.value, cst.SimpleString) else None
+    if value is None or not _INDEX.match(value):
+        return False
+    names = [t.target.attr.value if isinstance(t.target, cst.Attribute) else
+             t.target.value if isinstance(t.target, cst.Name) else "" for t in node.targets]
+    return any("device" in n.lower() for n in names)
 _CUDA_WORD = re.compile(r"(?:cuda|nccl)\Z", re.I)  # BNB_BACKEND = "CUDA", backend = "nccl"
 
 

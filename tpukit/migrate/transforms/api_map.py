@@ -29,7 +29,7 @@ import re
 import libcst as cst
 
 from tpukit.findings import FixKind
-from tpukit.migrate.context import terminal_name
+from tpukit.migrate.context import dotted, terminal_name
 from tpukit.migrate.transforms.devices import attribute_names
 from tpukit.migrate.transforms.base import StatementPlan, Transform, engine
 
@@ -43,6 +43,7 @@ class CallMap(Transform):
         self.device_arguments: set[int] = set()  # id() of expressions used as a device
         self.as_type = any("as_type" in entry for entry in self.calls.values())
         self.type_reads: set[int] = set()  # id() of calls whose value is read for `.type`
+        self.module_names: set[int] = set()  # id() of getattr's attribute-name arguments
 
     def _entry(self, call: cst.BaseExpression,
                report_otherwise: bool = False) -> tuple[str, dict] | tuple[None, None]:
@@ -118,6 +119,14 @@ class CallMap(Transform):
         if not (self.as_type and node.attr.value == "type" and isinstance(node.value, cst.Call)):
             return None
         name, entry = self._entry(node.value)
+        if entry is not None and id(node) in self.module_names:
+            # diffusers' group offloading: `getattr(torch, current_accelerator().type)` is
+            # the accelerator's torch module (torch.cuda); torch has no `xla` module.
+            self.type_reads.add(id(node.value))
+            self._manual(node.value, f"`{self.ctx.short(node)}` names a torch module here "
+                         "(`getattr(torch, ...)`): torch has no module for the XLA device; "
+                         "port the code that uses that module by hand")
+            return None
         if entry is None or "as_type" not in entry or any(
                 n in attribute_names(self.ctx) for n in (
                     self.ctx.assign_targets[-1] if self.ctx.assign_targets else ())):
@@ -131,6 +140,8 @@ class CallMap(Transform):
     def visit_Call(self, node: cst.Call):
         if self.as_device:
             self._mark_device_arguments(node)
+        if self.as_type and dotted(node.func) == "getattr" and len(node.args) >= 2:
+            self.module_names.add(id(node.args[1].value))
         if id(node) in self.type_reads:
             return None  # its `.type` was rewritten as a whole (visit_Attribute)
         name, entry = self._entry(node, report_otherwise=True)
