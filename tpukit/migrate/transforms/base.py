@@ -16,7 +16,7 @@ import libcst as cst
 
 from tpukit.findings import FixKind
 from tpukit.migrate.context import MigrationContext
-from tpukit.rules import Rule
+from tpukit.rules import Rule, RuleError
 
 
 @dataclass
@@ -57,17 +57,21 @@ class Transform:
             words.update(DEVICE_FACT_WORDS)
         return words
 
-    def say(self, key: str, default: str, /, **values) -> str:
-        """A message: this target's wording from the rule file (`[targets.T.messages]`) where
-        it differs from `default`; `{name}` fields are filled from `values`."""
-        template = self.mapping.get("messages", {}).get(key, default)
-        return template.format(**values)
+    def say(self, key: str, /, *default: str, **values) -> str:
+        """The message `key` of this rule on this target, from the rule file (Rule.say), else
+        `default`, its `{name}` fields filled from `values`."""
+        try:
+            return self.rule.say(self.ctx.target, key, **values)
+        except RuleError:
+            if not default:
+                raise
+            return default[0].format(**values)
 
     def fix_or_report(self, node: cst.CSTNode, message: str, build, fix: FixKind | None = None):
         """Report `node`; return `build()` when this rule may fix it here, else None. `fix`: this
         finding's kind where it differs from the rule's (`.half()` outside a training script
         is an unsafe fix of a rule that is safe in one)."""
-        fixable = bool(self.mapping) and self.ctx.can_fix(self.rule, fix)
+        fixable = self.rule.maps(self.ctx.target) and self.ctx.can_fix(self.rule, fix)
         replacement = build() if fixable else None
         self.ctx.report(self.rule, node, message, applied=replacement is not None, fix=fix)
         return replacement
