@@ -129,8 +129,9 @@ def check_schema(path: Path, text: str, data: dict) -> None:
         for name, template in table.get("messages", {}).items():
             problem = _template_problem(template)
             if problem:
-                raise RuleError(f"{_display(path)}:{_line_of(text, name, f'targets.{target}.messages')}"
-                                f": targets.{target}.messages.{name}: {problem}")
+                line = _line_of(text, name, f"targets.{target}.messages")
+                raise RuleError(f"{_display(path)}:{line}: targets.{target}.messages.{name}: "
+                                f"{problem}")
     for example in data.get("examples", []):
         _unknown(path, text, example, _EXAMPLE_KEYS, "[[examples]]")
 
@@ -184,15 +185,18 @@ class Rule:
         """The target's table maps something: more than the wording of the findings."""
         return any(key != "messages" for key in self.target(target))
 
-    def say(self, target: str, key: str, /, **values) -> str:
-        """The message `key` on `target`, its `{fields}` filled from `values`. Every message is
-        a template in the rule file: `[targets.xla.messages]` holds them all, and
-        `[targets.torchtpu.messages]` the ones TorchTPU words otherwise (a key it does not
-        name is xla's). A key in neither is a RuleError (tests/test_rule_messages.py finds
-        them in the source first)."""
+    def template(self, target: str, key: str) -> str | None:
+        """The template of message `key` on `target`: `[targets.xla.messages]` holds every
+        message, `[targets.torchtpu.messages]` the ones TorchTPU words otherwise (a key it
+        does not name is xla's there too). None where neither has it."""
         template = self.target(target).get("messages", {}).get(key)
-        if template is None:
-            template = self.target("xla").get("messages", {}).get(key)
+        return self.target("xla").get("messages", {}).get(key) if template is None else template
+
+    def say(self, target: str, key: str, /, **values) -> str:
+        """The message `key` on `target`, its `{fields}` filled from `values`: every text a
+        migrate rule reports is a template in its rule file. A key that is not there is a
+        RuleError (tests/test_rule_messages.py finds any in the source first)."""
+        template = self.template(target, key)
         if template is None:
             tables = " or ".join(f"[targets.{t}.messages]" for t in dict.fromkeys((target, "xla")))
             raise RuleError(f"{_display(self.path)}: no message '{key}' in {tables}")

@@ -16,7 +16,7 @@ import libcst as cst
 
 from tpukit.findings import FixKind
 from tpukit.migrate.context import MigrationContext
-from tpukit.rules import Rule, RuleError
+from tpukit.rules import Rule
 
 
 @dataclass
@@ -57,15 +57,12 @@ class Transform:
             words.update(DEVICE_FACT_WORDS)
         return words
 
-    def say(self, key: str, /, *default: str, **values) -> str:
-        """The message `key` of this rule on this target, from the rule file (Rule.say), else
-        `default`, its `{name}` fields filled from `values`."""
-        try:
-            return self.rule.say(self.ctx.target, key, **values)
-        except RuleError:
-            if not default:
-                raise
-            return default[0].format(**values)
+    def say(self, key: str, /, *_old_default: str, **values) -> str:
+        """The message `key` of this rule on this target, from the rule file (Rule.say): every
+        text a rule reports is a template there, `{name}` fields filled from `values`.
+        (`_old_default`: api_map.py still passes the xla text it used to default to; it is not
+        read.)"""
+        return self.rule.say(self.ctx.target, key, **values)
 
     def fix_or_report(self, node: cst.CSTNode, message: str, build, fix: FixKind | None = None):
         """Report `node`; return `build()` when this rule may fix it here, else None. `fix`: this

@@ -317,7 +317,8 @@ class DistributedDataParallelArgs(Transform):
         bucket = find_keyword(original, "gradient_as_bucket_view")
         if splat is not None and not dropped:
             self.ctx.report(self.rule, original, self.say(
-                "ddp_splat", code=self.ctx.short(original), splat=self.ctx.code(splat).rstrip(", ")),
+                "ddp_splat", code=self.ctx.short(original),
+                splat=self.ctx.code(splat).rstrip(", ")),
                 applied=False, fix=FixKind.NONE)
             return None
         if not dropped and (bucket is not None or not bucket_view):

@@ -115,8 +115,8 @@ class TypedTensor(Transform):
 
         return self.fix_or_report(
             original.value,
-            self.say("alias", code=self.ctx.short(original.value), new=new, note=self.mapping["note"]),
-            build)
+            self.say("alias", code=self.ctx.short(original.value), new=new,
+                     note=self.mapping["note"]), build)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         func = original.func
