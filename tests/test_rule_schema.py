@@ -82,3 +82,16 @@ def test_a_reference_that_is_not_https_is_refused(tmp_path):
     path, _ = _copy_with(tmp_path, "TPU112-cuda-synchronize.toml", 'reference = "https://', 'reference = "http://')
     with pytest.raises(RuleError, match=r"TPU112-cuda-synchronize.toml:6: 'reference' must be an https:// address"):
         _parse(path)
+
+
+def test_a_message_is_a_template_of_named_fields(tmp_path):
+    for broken, problem in (('"`{code` is a CUDA device', r"not a template"),
+                            ('"`{0}` is a CUDA device', r"field '0'"),
+                            ('"`{code!r}` is a CUDA device', r"field 'code'")):
+        path, text = _copy_with(tmp_path, "TPU101-cuda-device.toml",
+                                'object = "`{code}` is a CUDA device', f"object = {broken}")
+        line = next(n for n, l in enumerate(text.splitlines(), 1) if l.startswith("object ="))
+        with pytest.raises(RuleError, match=rf"^rules/TPU101-cuda-device.toml:{line}: "
+                                            rf"targets.xla.messages.object: {problem}"):
+            _parse(path)
+        shutil.rmtree(tmp_path / "rules")

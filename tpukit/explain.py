@@ -45,7 +45,7 @@ def rules_table(rules: list[Rule], con: Console) -> None:
 
 def _mapping_lines(rule: Rule, target: str) -> list[str]:
     mapping = rule.target(target)
-    if not mapping:
+    if not rule.maps(target):
         return ["(finding only: no automatic rewrite)"]
     if rule.skips(target):
         return [f"nothing to do on this target: {mapping.get('note', '')}".rstrip(": ")]

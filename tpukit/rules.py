@@ -7,6 +7,7 @@ The folder is `rules/` at the top of a source checkout (and an editable install)
 from __future__ import annotations
 
 import re
+import string
 import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -46,6 +47,7 @@ _CALL_KEYS = frozenset({
 })
 # Tables whose keys are names (of messages, modules, variables), each mapped to a string.
 _NAME_TABLES = ("messages", "moved", "internal", "env")
+_FIELD = re.compile(r"^[a-z_][a-z0-9_]*$")
 _EXAMPLE_KEYS = frozenset({"before", "codes"} | set(TARGETS) | {f"codes_{t}" for t in TARGETS})
 
 
@@ -81,6 +83,19 @@ def _display(path: Path) -> str:
     return f"{path.parent.name}/{path.name}"
 
 
+def _template_problem(template: str) -> str | None:
+    """What is wrong with a message template, or None: its fields are `{lowercase_name}`s
+    (filled by Transform.say), and a brace of its text is written `{{` or `}}`."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        return f"not a template ({exc}); a brace of the text is written {{{{ or }}}}"
+    for _, name, spec, conversion in parts:
+        if name is not None and (not _FIELD.match(name) or spec or conversion):
+            return f"field '{name}' (a field is a {{lowercase_name}}, with no conversion or format)"
+    return None
+
+
 def check_schema(path: Path, text: str, data: dict) -> None:
     """Raise RuleError at the first key or value the schema does not know."""
     engine = data.get("engine")
@@ -111,6 +126,12 @@ def check_schema(path: Path, text: str, data: dict) -> None:
                 if not isinstance(value, str):
                     raise RuleError(f"{_display(path)}:{_line_of(text, name, key)}: "
                                     f"targets.{target}.{key}.{name} must be a string")
+        for name, template in table.get("messages", {}).items():
+            problem = _template_problem(template)
+            if problem:
+                line = _line_of(text, name, f"targets.{target}.messages")
+                raise RuleError(f"{_display(path)}:{line}: targets.{target}.messages.{name}: "
+                                f"{problem}")
     for example in data.get("examples", []):
         _unknown(path, text, example, _EXAMPLE_KEYS, "[[examples]]")
 
@@ -159,6 +180,27 @@ class Rule:
 
     def message_for(self, target: str) -> str:
         return self.target(target).get("message", self.message).strip()
+
+    def maps(self, target: str) -> bool:
+        """The target's table maps something: more than the wording of the findings."""
+        return any(key != "messages" for key in self.target(target))
+
+    def template(self, target: str, key: str) -> str | None:
+        """The template of message `key` on `target`: `[targets.xla.messages]` holds every
+        message, `[targets.torchtpu.messages]` the ones TorchTPU words otherwise (a key it
+        does not name is xla's there too). None where neither has it."""
+        template = self.target(target).get("messages", {}).get(key)
+        return self.target("xla").get("messages", {}).get(key) if template is None else template
+
+    def say(self, target: str, key: str, /, **values) -> str:
+        """The message `key` on `target`, its `{fields}` filled from `values`: every text a
+        migrate rule reports is a template in its rule file. A key that is not there is a
+        RuleError (tests/test_rule_messages.py finds any in the source first)."""
+        template = self.template(target, key)
+        if template is None:
+            tables = " or ".join(f"[targets.{t}.messages]" for t in dict.fromkeys((target, "xla")))
+            raise RuleError(f"{_display(self.path)}: no message '{key}' in {tables}")
+        return template.format(**values)
 
     @property
     def checks_code(self) -> bool:

@@ -76,8 +76,7 @@ class Autocast(Transform):
         if literal is None and self._is_fp16(dtype.value if dtype else None):
             # device_type held in a variable (already 'xla' after TPU101/TPU104): fix the dtype.
             return self.fix_or_report(
-                original,
-                f"`{self.ctx.short(original)}` autocasts to float16; TPUs compute in bfloat16",
+                original, self.say("float16", code=self.ctx.short(original)),
                 lambda: updated.with_changes(args=[
                     a.with_changes(value=cst.parse_expression(f"{self.ctx.torch_name()}.bfloat16"))
                     if a.keyword and a.keyword.value == "dtype" else a
@@ -99,12 +98,8 @@ class Autocast(Transform):
                 func=cst.parse_expression(f"{torch}.autocast"), args=with_commas(args)
             )
 
-        return self.fix_or_report(
-            original,
-            self.say("autocast", "`{code}` is CUDA fp16 autocast; on TPU use "
-                     '`torch.autocast("xla", dtype=torch.bfloat16)`', code=self.ctx.short(original)),
-            build,
-        )
+        return self.fix_or_report(original, self.say("autocast", code=self.ctx.short(original)),
+                                  build)
 
 
 @transform("TPU202")
@@ -117,10 +112,9 @@ class HalfPrecision(Transform):
     def fix_or_report(self, node, message, build, fix=None):
         if self.ctx.package_module or ".backward(" not in self.ctx.source:
             if not (self.ctx.unsafe_fixes and not self.ctx.cuda_only):
-                message += " (not a training script: applied with --unsafe-fixes)"
+                message += self.say("not_training")
             return super().fix_or_report(node, message, build, fix=FixKind.UNSAFE)
-        return super().fix_or_report(node, message + " (bfloat16: float32's range, 3 fewer "
-                                     "mantissa bits than float16; no loss scaling needed)", build)
+        return super().fix_or_report(node, message + self.say("training"), build)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         func = original.func
@@ -128,17 +122,14 @@ class HalfPrecision(Transform):
             if self.ctx.qualify(func.value):
                 return None
             return self.fix_or_report(
-                original,
-                f"`{self.ctx.short(original)}` casts to float16, which TPUs do not compute in "
-                "natively; use `.bfloat16()`",
+                original, self.say("half", code=self.ctx.short(original)),
                 lambda: updated.with_changes(func=updated.func.with_changes(attr=cst.Name("bfloat16"))),
             )
         if isinstance(func, cst.Attribute) and func.attr.value in ("to", "type"):
             for i, (old, new) in enumerate(zip(original.args, updated.args)):
                 if self.ctx.qualify(old.value) in FP16 and (old.keyword is None or old.keyword.value == "dtype"):
                     replacement = self.fix_or_report(
-                        old.value,
-                        f"`{self.ctx.short(original)}` casts to float16; on TPU use torch.bfloat16",
+                        old.value, self.say("cast", code=self.ctx.short(original)),
                         lambda: cst.parse_expression(f"{self.ctx.torch_name()}.bfloat16"),
                     )
                     if replacement is None:
@@ -185,11 +176,11 @@ class GradScaler(Transform):
         if any(self._used_beyond_methods(n) for n in names if n):
             # Still passed around (`train(model, scaler)`): keep the name, as None.
             return self.fix_or_report(
-                node, f"`{text}`: bf16 needs no loss scaling; the scaler becomes None",
+                node, self.say("scaler_none", code=text),
                 lambda: StatementPlan([node.with_changes(value=cst.Name("None"))]),
             )
         return self.fix_or_report(
-            node, f"`{text}`: bf16 needs no loss scaling; GradScaler removed",
+            node, self.say("scaler_removed", code=text),
             lambda: StatementPlan([], f'removed "{text}": bf16 needs no loss scaling'),
         )
 
@@ -204,12 +195,12 @@ class GradScaler(Transform):
         if method in ("update", "unscale_", "load_state_dict"):
             text = self.ctx.short(node.value)
             why = {
-                "update": "there is no loss scale to update",
-                "unscale_": "gradients are not scaled, so clipping sees the true values",
-                "load_state_dict": "there is no scaler state to restore",
+                "update": self.say("why_update"),
+                "unscale_": self.say("why_unscale"),
+                "load_state_dict": self.say("why_load_state_dict"),
             }[method]
             return self.fix_or_report(
-                node.value, f"`{text}` removed: {why} (bf16)",
+                node.value, self.say("method_removed", code=text, why=why),
                 lambda: StatementPlan([], f'removed "{text}": {why} (bf16)'),
             )
         return None
@@ -218,7 +209,7 @@ class GradScaler(Transform):
         method = self._method(original)
         if method == "scale" and updated.args:
             return self.fix_or_report(
-                original, f"`{self.ctx.short(original)}` -> the loss itself: bf16 needs no loss scaling",
+                original, self.say("scale", code=self.ctx.short(original)),
                 lambda: updated.args[0].value,
             )
         if method == "step" and updated.args:
@@ -226,12 +217,12 @@ class GradScaler(Transform):
             # scaler.step(opt, *args, **kwargs) passes the rest to opt.step: kept.
             rest = with_commas(list(updated.args[1:]))
             return self.fix_or_report(
-                original, f"`{self.ctx.short(original)}` -> a plain optimizer step (bf16)",
+                original, self.say("step", code=self.ctx.short(original)),
                 lambda: cst.Call(func=cst.Attribute(value=optimizer, attr=cst.Name("step")),
                                  args=rest),
             )
         if method == "get_scale":
-            return self.fix_or_report(original, "no loss scale in bf16: 1.0", lambda: cst.Float("1.0"))
+            return self.fix_or_report(original, self.say("get_scale"), lambda: cst.Float("1.0"))
         return None
 
     def leave_Dict(self, original: cst.Dict, updated: cst.Dict):
@@ -249,10 +240,7 @@ class GradScaler(Transform):
 
         return self.fix_or_report(
             original.elements[drop[0]],
-            f"`{self.ctx.short(original.elements[drop[0]])}`: no GradScaler state under bf16; "
-            "left out of the checkpoint",
-            build,
-        )
+            self.say("state_dict", code=self.ctx.short(original.elements[drop[0]])), build)
 
 
 @transform("TPU204")
@@ -275,11 +263,8 @@ class FusedOptimizer(Transform):
             return updated.with_changes(args=args)
 
         return self.fix_or_report(
-            original.args[fused],
-            self.say("fused", "`{code}`: fused optimizers are CUDA kernels; XLA fuses the update "
-                     "into the step graph itself: removed", code=self.ctx.short(original.args[fused])),
-            build,
-        )
+            original.args[fused], self.say("fused", code=self.ctx.short(original.args[fused])),
+            build)
 
 
     # Optimizer arguments gathered first (transformers' Trainer: `optimizer_kwargs.update(
@@ -302,11 +287,7 @@ class FusedOptimizer(Transform):
         return not (isinstance(value, cst.Name) and value.value in ("False", "None"))
 
     def _turn_off(self, node: cst.CSTNode, code: str, build):
-        return self.fix_or_report(
-            node, self.say("fused_argument", "`{code}`: an optimizer's `fused=True` runs CUDA "
-                           "kernels that XLA tensors do not have (the optimizer raises); XLA "
-                           "fuses the update into the step graph itself: set to False",
-                           code=code), build)
+        return self.fix_or_report(node, self.say("fused_argument", code=code), build)
 
     def leave_Dict(self, original: cst.Dict, updated: cst.Dict):
         keys = {string_value(e.key): i for i, e in enumerate(original.elements)
@@ -421,9 +402,7 @@ class TiedWeights(Transform):
         ]
         return self.fix_or_report(
             original,
-            self.say("tie", "`{code}` moves a model with tied weights ({ties}); on XLA the move "
-                     "creates new parameters and unties them: the tie is repeated after it",
-                     code=self.ctx.short(original), ties=", ".join(a for a, _ in ties)),
+            self.say("tie", code=self.ctx.short(original), ties=", ".join(a for a, _ in ties)),
             lambda: cst.FlattenSentinel([updated, *lines]),
         )
 

@@ -114,6 +114,12 @@ class CallMap(Transform):
                 and "index" not in function.name.value.lower()):
             self.device_arguments.add(id(node.value))
 
+    def _held(self, call: cst.Call, held: str, new: str) -> None:
+        """`held` is read as an attribute name (`getattr(torch, device_type)`, diffusers'
+        `getattr(torch, current_accelerator().type)`: torch.cuda): `new` names no module."""
+        self._manual(call, f"`{held}` is read as an attribute name (`getattr(..., {held})`); "
+                     f"`{new}` would name no module there: port by hand")
+
     def visit_Attribute(self, node: cst.Attribute):
         """`current_accelerator().type` becomes the type's name (the whole attribute)."""
         if not (self.as_type and node.attr.value == "type" and isinstance(node.value, cst.Call)):
@@ -123,9 +129,7 @@ class CallMap(Transform):
             # diffusers' group offloading: `getattr(torch, current_accelerator().type)` is
             # the accelerator's torch module (torch.cuda); torch has no `xla` module.
             self.type_reads.add(id(node.value))
-            self._manual(node.value, f"`{self.ctx.short(node)}` names a torch module here "
-                         "(`getattr(torch, ...)`): torch has no module for the XLA device; "
-                         "port the code that uses that module by hand")
+            self._held(node.value, self.ctx.short(node), entry["as_type"])
             return None
         if entry is None or "as_type" not in entry or any(
                 n in attribute_names(self.ctx) for n in (
@@ -161,9 +165,7 @@ class CallMap(Transform):
         held = [n for n in (self.ctx.assign_targets[-1] if self.ctx.assign_targets else ())
                 if n in attribute_names(self.ctx)]
         if held:  # device_type = ...; getattr(torch, device_type): a module's name
-            self._manual(node, f"`{held[0]}` is read as an attribute name (`getattr(..., "
-                         f"{held[0]})`); `{self._format(template, node)}` would name no module "
-                         "there: port by hand")
+            self._held(node, held[0], self._format(template, node))
             return None
         if "as_device" in entry and id(node) in self.device_arguments:
             template = entry["as_device"]
@@ -180,9 +182,10 @@ class CallMap(Transform):
                          "helper": entry.get("before_launch_helper")}
             else:
                 why = self.ctx.import_time_reason()
+                why = f" ({why})" if why else ""
                 self._manual(node, f"`{self._format(template, node)}` would start the XLA "
-                             "runtime when this module is imported" + (f" ({why})" if why else "")
-                             + "; move the call into the function that needs it, then port it")
+                             "runtime when this module is imported; move the call into the "
+                             f"function that needs it, then port it{why}")
                 return None
         new = self._format(template, node)
 

@@ -19,8 +19,7 @@ class BackendFlags(Transform):
     def _remove(self, statement: cst.CSTNode):
         text = self.ctx.short(statement)
         return self.fix_or_report(
-            statement,
-            f"`{text}` sets a CUDA backend flag, which does nothing on TPU: removed",
+            statement, self.say("flag", code=text),
             lambda: StatementPlan([], f'removed "{text}": {self.rule.message}'),
         )
 
@@ -41,12 +40,6 @@ class BackendFlags(Transform):
     def visit_WithItem(self, node: cst.WithItem):
         call = node.item
         if isinstance(call, cst.Call) and self._is_flag(call.func):
-            self.ctx.report(
-                self.rule,
-                call,
-                f"`{self.ctx.short(call)}` configures CUDA kernels and does nothing on TPU: "
-                "remove the `with` and keep its body",
-                applied=False,
-                fix=FixKind.NONE,
-            )
+            self.ctx.report(self.rule, call, self.say("context", code=self.ctx.short(call)),
+                            applied=False, fix=FixKind.NONE)
         return None

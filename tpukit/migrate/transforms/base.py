@@ -57,17 +57,18 @@ class Transform:
             words.update(DEVICE_FACT_WORDS)
         return words
 
-    def say(self, key: str, default: str, /, **values) -> str:
-        """A message: this target's wording from the rule file (`[targets.T.messages]`) where
-        it differs from `default`; `{name}` fields are filled from `values`."""
-        template = self.mapping.get("messages", {}).get(key, default)
-        return template.format(**values)
+    def say(self, key: str, /, *_old_default: str, **values) -> str:
+        """The message `key` of this rule on this target, from the rule file (Rule.say): every
+        text a rule reports is a template there, `{name}` fields filled from `values`.
+        (`_old_default`: api_map.py still passes the xla text it used to default to; it is not
+        read.)"""
+        return self.rule.say(self.ctx.target, key, **values)
 
     def fix_or_report(self, node: cst.CSTNode, message: str, build, fix: FixKind | None = None):
         """Report `node`; return `build()` when this rule may fix it here, else None. `fix`: this
         finding's kind where it differs from the rule's (`.half()` outside a training script
         is an unsafe fix of a rule that is safe in one)."""
-        fixable = bool(self.mapping) and self.ctx.can_fix(self.rule, fix)
+        fixable = self.rule.maps(self.ctx.target) and self.ctx.can_fix(self.rule, fix)
         replacement = build() if fixable else None
         self.ctx.report(self.rule, node, message, applied=replacement is not None, fix=fix)
         return replacement

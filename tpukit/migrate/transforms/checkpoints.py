@@ -73,30 +73,18 @@ class CheckpointSave(Transform):
             and (terminal_name(obj) in dict_names or any(w in name for w in STATE_WORDS))
         )
         if not state:
-            self.ctx.report(
-                self.rule, node,
-                f"`{self.ctx.short(node)}` pickles a whole object, XLA tensors included: save "
-                "`model.state_dict()` with `xm.save(...)` instead (moves tensors to the CPU, "
-                "writes on the master only)", applied=False, fix=None,
-            )
+            self.ctx.report(self.rule, node, self.say("object", code=self.ctx.short(node)),
+                            applied=False, fix=None)
             return None
         if extra:
             return None  # pickle options xm.save does not take: leave it to a person
         if self._per_rank(node):
             # xm.save writes on the master only: the other ranks' files would never be written.
-            return self.fix_or_report(
-                node,
-                f"`{self.ctx.short(node)}` writes a file per rank (the path names the rank): "
-                "`xm.save(..., master_only=False)` moves XLA tensors to the CPU and still writes "
-                "on every process (plain `xm.save` writes on the master only)",
-                lambda: self._save_everywhere(node, updated),
-            )
+            return self.fix_or_report(node, self.say("per_rank", code=self.ctx.short(node)),
+                                      lambda: self._save_everywhere(node, updated))
         return self.fix_or_report(
-            node,
-            f"`{self.ctx.short(node)}`: XLA tensors must be moved to the CPU and written once; "
-            "`xm.save` does both",
-            lambda: self.ctx.with_func(node, updated, self.ctx.expr("xm.save")),
-        )
+            node, self.say("save", code=self.ctx.short(node)),
+            lambda: self.ctx.with_func(node, updated, self.ctx.expr("xm.save")))
 
     def _per_rank(self, node: cst.Call) -> bool:
         path = node.args[1].value if len(node.args) > 1 else None
@@ -140,14 +128,9 @@ class LoadMapLocation(Transform):
                 args[i] = args[i].with_changes(value=cst.SimpleString('"cpu"'))
                 return updated.with_changes(args=args)
 
-            where = ("names the device, and torch.load cannot restore storage onto an XLA or "
-                     "TPU device" if held else "puts the checkpoint on a CUDA device")
+            where = self.say("held_device") if held else self.say("cuda_device")
             return self.fix_or_report(
-                value,
-                f"`map_location={self.ctx.short(value)}` {where}; load to the CPU "
-                '(`map_location="cpu"`) and let `.to(device)`/`load_state_dict` move it',
-                build,
-            )
+                value, self.say("map_location", code=self.ctx.short(value), where=where), build)
         return None
 
     def _holds_device(self, value: cst.BaseExpression) -> bool:

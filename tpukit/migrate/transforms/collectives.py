@@ -34,9 +34,8 @@ class AverageAllReduce(Transform):
         return None
 
     def _finding(self, call: cst.Call) -> None:
-        self.ctx.report(self.rule, call, f"`{self.ctx.short(call)}`: the XLA process group has "
-                        "no ReduceOp.AVG (\"Invalid reduce op\"); all-reduce with "
-                        "ReduceOp.SUM, then divide by `dist.get_world_size()`", applied=False)
+        self.ctx.report(self.rule, call, self.say("average", code=self.ctx.short(call)),
+                        applied=False)
 
     def visit_Expr(self, node: cst.Expr):
         call = node.value
@@ -67,9 +66,7 @@ class AverageAllReduce(Transform):
                                   cst.parse_statement(f"{name} /= {size}\n").body[0]])
 
         return self.fix_or_report(
-            call, f"`{code}`: the XLA process group has no ReduceOp.AVG (\"Invalid reduce op\"); "
-            f"a SUM divided by the world size is the same average: `{name} /= {size}` added",
-            build)
+            call, self.say("summed", code=code, name=name, size=size), build)
 
 
 @transform("TPU416")
@@ -82,10 +79,6 @@ class SharedMemoryModel(Transform):
         func = original.func
         if (isinstance(func, cst.Attribute) and func.attr.value == "share_memory"
                 and not original.args and not self.ctx.qualify(func.value)):
-            self.ctx.report(
-                self.rule, original,
-                f"`{self.ctx.short(original)}` shares the model's host memory between processes "
-                "(Hogwild); XLA tensors cannot be shared (\"_share_fd_: only available on CPU\"): "
-                "train one replica per process with `torch_xla.launch` and DDP's gradient "
-                "all-reduce, or keep this model on the CPU", applied=False)
+            self.ctx.report(self.rule, original,
+                            self.say("share_memory", code=self.ctx.short(original)), applied=False)
         return None

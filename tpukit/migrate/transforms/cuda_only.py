@@ -18,7 +18,8 @@ class CudaOnlyImport(Transform):
         return any(module == m or module.startswith(m + ".") for m in self.modules)
 
     def _report(self, node: cst.CSTNode, module: str) -> None:
-        self.ctx.report(self.rule, node, f"`{module}` is CUDA-only: {self.rule.message_for(self.ctx.target)}", False)
+        self.ctx.report(self.rule, node, self.say(
+            "import", module=module, message=self.rule.message_for(self.ctx.target)), False)
 
     def visit_Import(self, node: cst.Import):
         for alias in node.names:

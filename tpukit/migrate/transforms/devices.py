@@ -91,25 +91,20 @@ class CudaDevice(Transform):
         self.argparse_defaults: set[int] = set()  # id() of `add_argument(default=...)` values
 
     def _to_xla_device(self, node: cst.CSTNode):
-        message = self.say("object", "`{code}` is a CUDA device; on TPU use the XLA device, "
-                           "`torch_xla.device()`", code=self.ctx.short(node))
+        message = self.say("object", code=self.ctx.short(node))
         device = self.ctx.device_object
         if self.ctx.at_import_time() and device != self.ctx.device_object_in_code:
-            message += (f" (`{device}` here: this runs when the module is imported, where the "
-                        "XLA runtime must not start yet)")
+            message += self.say("object_at_import", device=device)
         return self.fix_or_report(node, message, lambda: self.ctx.expr(device))
 
     def _string_to_xla(self, node: cst.BaseExpression, context: str):
+        """`context`: where the string stands, a message (`self.say("in_setting")`)."""
         def build():
             need_device_module(self.ctx)
             return device_string(self.ctx, node)
 
         return self.fix_or_report(
-            node,
-            self.say("string", "device string `{code}` in {context}: on TPU the device type is "
-                     "'xla' (with `import torch_xla`)", code=self.ctx.short(node), context=context),
-            build,
-        )
+            node, self.say("string", code=self.ctx.short(node), context=context), build)
 
     def visit_Call(self, node: cst.Call):
         if isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument":
@@ -176,10 +171,10 @@ class CudaDevice(Transform):
         if not isinstance(node.body, (cst.SimpleString, cst.FormattedString)):
             return None  # `torch.device("cuda") if ... else ...`: an object already
         if id(node) in self.argparse_defaults:
-            return "a command-line default, a string like the values the command line gives"
+            return self.say("kept_default")
         used = next((n for n in self.bound_to.get(id(node), ())
                      if self.ctx.used_as_string(n)), None)
-        return None if used is None else f"`{used}` is used as a string in this file"
+        return None if used is None else self.say("kept_used", name=used)
 
     def _string_choice(self, node: cst.IfExp, why: str):
         def build():
@@ -187,12 +182,7 @@ class CudaDevice(Transform):
             return device_string(self.ctx, node.body)
 
         return self.fix_or_report(
-            node,
-            self.say("kept_string", "`{code}` is a CUDA device string ({why}): on TPU it is "
-                     "'xla' (with `import torch_xla`), kept a string",
-                     code=self.ctx.short(node), why=why),
-            build,
-        )
+            node, self.say("kept_string", code=self.ctx.short(node), why=why), build)
 
     def visit_FormattedString(self, node: cst.FormattedString):
         if not _texts_around_a_device(node.parts):
@@ -212,7 +202,7 @@ class CudaDevice(Transform):
         if id(original) in self.not_devices:
             return None
         if isinstance(original.body, cst.SimpleString) and is_cuda_device_string(original.body):
-            new_body = self._string_to_xla(original.body, "a conditional device choice")
+            new_body = self._string_to_xla(original.body, self.say("in_choice"))
             if new_body is not None:
                 return updated.with_changes(body=new_body)
         return None
@@ -233,13 +223,9 @@ class CudaDevice(Transform):
             replacement = None
             if keyword == "device" or (is_to and i == 0 and keyword is None):
                 replacement = self.fix_or_report(
-                    old.value,
-                    self.say("argument", "`{code}` is a CUDA device; on TPU move tensors to the "
-                             "XLA device", code=ctx.short(old.value)),
-                    ctx.device_expr,
-                )
+                    old.value, self.say("argument", code=ctx.short(old.value)), ctx.device_expr)
             elif is_add_argument and keyword == "default" and any("dev" in n for n in option_names):
-                replacement = self._string_to_xla(old.value, "a command-line default")
+                replacement = self._string_to_xla(old.value, self.say("in_default"))
             if replacement is not None:
                 args[i] = new.with_changes(value=replacement)
                 changed = True
@@ -254,7 +240,7 @@ class CudaDevice(Transform):
             return None
         if self._names_a_module(original_value, [terminal_name(t) for t in targets]):
             return None
-        new_value = self._string_to_xla(original_value, "a device setting")
+        new_value = self._string_to_xla(original_value, self.say("in_setting"))
         return None if new_value is None else updated.with_changes(value=new_value)
 
     def _names_a_module(self, value: cst.BaseExpression, names: list[str]) -> bool:
@@ -262,9 +248,8 @@ class CudaDevice(Transform):
         'xla' would name nothing. Left as it is, for a person."""
         used = [n for n in names if n in attribute_names(self.ctx)]
         if used:
-            self.ctx.report(self.rule, value, f"`{used[0]} = {self.ctx.code(value)}` is read as "
-                            f"an attribute name (`getattr(..., {used[0]})`: the torch.cuda module), "
-                            "not as a device: left as it is; port what it selects by hand",
+            self.ctx.report(self.rule, value, self.say("attribute_name", name=used[0],
+                                                       value=self.ctx.code(value)),
                             applied=False, fix=FixKind.NONE)
         return bool(used)
 
@@ -283,7 +268,7 @@ class CudaDevice(Transform):
             return None
         if self._names_a_module(original.default, [original.name.value]):
             return None
-        new_default = self._string_to_xla(original.default, "a parameter default")
+        new_default = self._string_to_xla(original.default, self.say("in_parameter"))
         return None if new_default is None else updated.with_changes(default=new_default)
 
 
@@ -312,12 +297,8 @@ class CudaMethod(Transform):
                 func=updated.func.with_changes(attr=cst.Name("to")), args=args
             )
 
-        return self.fix_or_report(
-            original,
-            self.say("method", "`{code}` moves to a CUDA device; on TPU use `.to(device)` with "
-                     "the XLA device", code=self.ctx.short(original)),
-            build,
-        )
+        return self.fix_or_report(original, self.say("method", code=self.ctx.short(original)),
+                                  build)
 
 
 _ASSIGNS_IS_CUDA = re.compile(r"([\w.]+)\.is_cuda\s*(?::[^=\n]+)?=(?!=)")
@@ -365,9 +346,7 @@ class IsCuda(Transform):
         choice = self.choices.pop(id(original), None)
         if choice is not None:
             self.ctx.report(self.rule, original, self.say(
-                "choice", "`{code}` picks `{a}` or `{b}` (a CUDA kernel or driver by name), not a "
-                "device: left as written, False on TPU, so the non-CUDA choice is made there",
-                code=self.ctx.short(original), a=choice[0], b=choice[1]),
+                "choice", code=self.ctx.short(original), a=choice[0], b=choice[1]),
                 applied=False, fix=FixKind.NONE, severity=Severity.INFO)
             return None
 
@@ -378,11 +357,7 @@ class IsCuda(Transform):
             return self.ctx.expr(self.mapping["expression"].format(self.ctx.code(updated.value)))
 
         replacement = self.fix_or_report(
-            original,
-            self.say("check", "`{code}` is never true on TPU; the XLA check is `.is_xla`",
-                     code=self.ctx.short(original)),
-            build,
-        )
+            original, self.say("check", code=self.ctx.short(original)), build)
         if replacement is not None:
             self.ctx.add_guard(replacement, original)
         return replacement
@@ -423,11 +398,8 @@ class DeviceTypeComparison(Transform):
                 if terminal_name(other) in attribute_names(self.ctx):
                     continue  # it keeps its "cuda" (a module name): so does the comparison
                 replacement = self.fix_or_report(
-                    literal,
-                    self.say("comparison", "`{code}` tests for CUDA; on TPU the device type "
-                             "is 'xla'", code=self.ctx.short(original)),
-                    lambda lit=literal: self._xla(lit),
-                )
+                    literal, self.say("comparison", code=self.ctx.short(original)),
+                    lambda lit=literal: self._xla(lit))
                 if replacement is not None:
                     changed = True
                     self.ctx.add_guard(replacement, literal, negated=isinstance(
@@ -453,11 +425,8 @@ class DeviceTypeComparison(Transform):
         if terminal_name(func.value) in attribute_names(self.ctx):
             return None
         replacement = self.fix_or_report(
-            literal,
-            self.say("comparison", "`{code}` tests for CUDA; on TPU the device type is 'xla'",
-                     code=self.ctx.short(original)),
-            lambda: self._xla(literal),
-        )
+            literal, self.say("comparison", code=self.ctx.short(original)),
+            lambda: self._xla(literal))
         if replacement is None:
             return None
         self.ctx.add_guard(replacement, literal, shown=original)
@@ -496,9 +465,4 @@ class SeedXla(Transform):
                 func=self.ctx.expr("torch_xla.manual_seed"), args=[cst.Arg(seed)]))])
             return cst.FlattenSentinel([updated, line])
 
-        return self.fix_or_report(
-            original,
-            f"`{self.ctx.short(call)}` does not seed the XLA device's generator (dropout, "
-            "random tensors on the device): `torch_xla.manual_seed(...)` added after it",
-            build,
-        )
+        return self.fix_or_report(original, self.say("seed", code=self.ctx.short(call)), build)

@@ -91,10 +91,8 @@ class ProcessGroup(Transform):
         if name == DEFAULT_BACKEND and self.mapping:
             backend = self.mapping.get("backend", "xla")
             return self.fix_or_report(
-                node, self.say("default_backend", "`{code}` -> `\"{backend}\"`: torch has no "
-                               "default process-group backend for the {device} device; the "
-                               "TPU's is \"{backend}\"", code=self.ctx.short(node),
-                               backend=backend, device=self.ctx.device_type),
+                node, self.say("default_backend", code=self.ctx.short(node), backend=backend,
+                               device=self.ctx.device_type),
                 lambda: self.ctx.expr(f'"{backend}"'))
         if name != INIT_PROCESS_GROUP:
             return None
@@ -109,10 +107,7 @@ class ProcessGroup(Transform):
             # itself (no torch_xla.launch, so no XLA rendezvous): a CPU group that works on a
             # TPU host as it is, and that "xla://" would drop.
             self.ctx.report(self.rule, node, self.say(
-                "own_store", "`{code}`: the process group meets through its own `store=` ({store})"
-                ", not a launcher: left as it is (under torch_xla.launch use "
-                '`init_process_group("xla", init_method="xla://")` and drop the store)',
-                code=self.ctx.short(node), store=self.ctx.short(store.value)),
+                "own_store", code=self.ctx.short(node), store=self.ctx.short(store.value)),
                 applied=False, fix=FixKind.NONE)
             return None
         # `**kwargs` may set init_method, rank or world_size: they stay, and only a backend
@@ -121,12 +116,10 @@ class ProcessGroup(Transform):
         kept = [a for a in node.args if a.star or (a.keyword and a.keyword.value not in (
             "backend", "init_method", "rank", "world_size", "store"))]
         func = self.ctx.code(node.func)
-        message = self.say("group", "`{code}`: the process group uses the XLA backend; "
-                           '`init_method="xla://"` takes rank and world size from the launcher '
-                           "(torch_xla.launch or torchrun)", code=self.ctx.short(node))
+        message = self.say("group", code=self.ctx.short(node))
         if splat and backend is None:
-            self.ctx.report(self.rule, node, message + "; the backend is in a splat tpukit "
-                            "cannot see: set it there", applied=False, fix=FixKind.NONE)
+            self.ctx.report(self.rule, node, message + self.say("group_splat"), applied=False,
+                            fix=FixKind.NONE)
             return None
 
         if "backend" in self.mapping or splat:
@@ -181,9 +174,7 @@ class ProcessGroup(Transform):
         new = value.visit(swap)
         if not swap.changed:
             return None
-        message = self.say("setting", "`{code}`{where}: NCCL is CUDA's process-group backend; "
-                           "on TPU the backend is \"{backend}\" (init_process_group reads "
-                           "this setting)", code=self.ctx.short(original), backend=backend,
+        message = self.say("setting", code=self.ctx.short(original), backend=backend,
                            where=where)
 
         def build():
@@ -222,7 +213,7 @@ class ProcessGroup(Transform):
         if name is None:
             return None
         return self._nccl_setting(original, name, updated, lambda v: v,
-                                  f" set in `{name}`")
+                                  self.say("set_in", name=name))
 
     def leave_AnnAssign(self, original: cst.AnnAssign, updated: cst.AnnAssign):
         if updated.value is None:
@@ -274,8 +265,7 @@ class ProcessGroup(Transform):
             return None  # a group whose splat keeps its init_method (env://) needs them
         text = self.ctx.short(node)
         return self.fix_or_report(
-            node, f"`{text}` is removed: the XLA process group (`init_method=\"xla://\"`) finds "
-            "its peers without MASTER_ADDR/MASTER_PORT",
+            node, self.say("rendezvous", code=text),
             lambda: StatementPlan([], f'removed "{text}": init_method="xla://" needs no '
                                       "MASTER_ADDR/MASTER_PORT"))
 
@@ -329,9 +319,7 @@ class DistributedDataParallelArgs(Transform):
                    or (a.keyword and a.keyword.value in ("device_ids", "output_device"))]
         if len(plain) > 3:  # `dim` and later ones cannot stay positional without those two
             self.ctx.report(self.rule, original, self.say(
-                "ddp_positional", "`{code}`: an XLA process has one device: drop device_ids "
-                "and output_device, passing the arguments after them by keyword",
-                code=self.ctx.short(original)), applied=False, fix=FixKind.NONE)
+                "ddp_positional", code=self.ctx.short(original)), applied=False, fix=FixKind.NONE)
             return None
         # A splat may hold device_ids, or gradient_as_bucket_view itself: kept as it is.
         splat = next((a for a in updated.args if a.star), None)
@@ -339,9 +327,9 @@ class DistributedDataParallelArgs(Transform):
         bucket = find_keyword(original, "gradient_as_bucket_view")
         if splat is not None and not dropped:
             self.ctx.report(self.rule, original, self.say(
-                "ddp_splat", "`{code}`: an XLA process has one device: if `{splat}` passes "
-                "device_ids or output_device, drop them there", code=self.ctx.short(original),
-                splat=self.ctx.code(splat).rstrip(", ")), applied=False, fix=FixKind.NONE)
+                "ddp_splat", code=self.ctx.short(original),
+                splat=self.ctx.code(splat).rstrip(", ")),
+                applied=False, fix=FixKind.NONE)
             return None
         if not dropped and (bucket is not None or not bucket_view):
             return None
@@ -355,11 +343,8 @@ class DistributedDataParallelArgs(Transform):
             # the inputs' move is left for a person, said at the line.
             moves = False
             self.ctx.report(self.rule, original, self.say(
-                "inputs_splat", "`{code}`: DDP moved the forward's inputs to `device_ids[0]` "
-                "and without them nothing does: move the model's inputs to the device where "
-                "it is called (`.to(device)`), or wrap it: `{helper}`'s forward pre-hook "
-                "(see `tpukit rules TPU402`)", code=self.ctx.short(original),
-                helper=INPUTS_HELPER), applied=False, fix=FixKind.NONE)
+                "inputs_splat", code=self.ctx.short(original), helper=INPUTS_HELPER),
+                applied=False, fix=FixKind.NONE)
 
         def build():
             args = [a for a in updated.args if a not in dropped]
@@ -372,15 +357,9 @@ class DistributedDataParallelArgs(Transform):
             self.ctx.need_import("torch")
             return cst.Call(cst.Name(INPUTS_HELPER), [cst.Arg(call)])
 
-        message = self.say("ddp", "`{code}`: an XLA process has one device, so there are "
-                           "no device_ids; `gradient_as_bucket_view=True` saves a copy of every "
-                           "gradient", code=self.ctx.short(original))
+        message = self.say("ddp", code=self.ctx.short(original))
         if moves:
-            message += self.say(
-                "inputs", "; DDP moved the forward's inputs to `device_ids[0]` and without "
-                "them nothing does, so `{helper}(...)` moves them to the model's device (some "
-                "call of the model passes inputs tpukit cannot prove are on the device)",
-                helper=INPUTS_HELPER)
+            message += self.say("inputs", helper=INPUTS_HELPER)
         return self.fix_or_report(original, message, build)
 
     def visit_Assign(self, node: cst.Assign):
@@ -412,10 +391,7 @@ class DataParallel(Transform):
                              lambda: set(_DATA_PARALLEL_ASSIGN.findall(self.ctx.source)))
 
     def _message(self, node) -> str:
-        return self.say("wrapper", "`{code}` runs one process over all GPUs; on TPU each device "
-                        "gets its own process: the model is used as it is (launch with "
-                        "torch_xla.launch and wrap it in DDP for several devices)",
-                        code=self.ctx.short(node))
+        return self.say("wrapper", code=self.ctx.short(node))
 
     def visit_Assign(self, node: cst.Assign):
         value = node.value
@@ -461,7 +437,7 @@ class SpawnLaunch(Transform):
         before = self.mapping["before"].format(
             nprocs=self.ctx.code(nprocs.value) if nprocs is not None else "1")
         return self.fix_or_report(
-            call, self.say("spawn", "`{code}`", code=self.ctx.short(call)),
+            call, self.say("spawn", code=self.ctx.short(call)),
             lambda: StatementPlan([self.ctx.statement(before), node]))
 
     def visit_Expr(self, node: cst.Expr):
@@ -490,10 +466,7 @@ class SpawnLaunch(Transform):
                 parts.append(f"start_method={self.ctx.code(start.value)}")
             return self.ctx.expr(f"torch_xla.launch({', '.join(parts)})")
 
-        return self.fix_or_report(
-            node, f"`{self.ctx.short(node)}`: `torch_xla.launch` starts one process per TPU "
-            "device (nprocs comes from the runtime); the launcher must not use the XLA device "
-            "before it", build)
+        return self.fix_or_report(node, self.say("launch", code=self.ctx.short(node)), build)
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):
         """In the spawned function, a world-size parameter is the launcher's guess (it cannot ask
@@ -569,10 +542,8 @@ class TorchrunRanks(Transform):
 
     def _replace(self, node: cst.Call, key: str):
         new = self.mapping["env"][key]
-        return self.fix_or_report(
-            node, f"`{self.ctx.short(node)}` -> `{new}`: torch_xla knows the process's "
-            "rank and world size (under torch_xla.launch and torchrun alike)",
-            lambda: self.ctx.expr(new))
+        return self.fix_or_report(node, self.say("rank", code=self.ctx.short(node), new=new),
+                                  lambda: self.ctx.expr(new))
 
     def _rank_device(self, node: cst.Call, value, is_to: bool):
         def build():
@@ -582,9 +553,7 @@ class TorchrunRanks(Transform):
             return node.with_changes(args=[node.args[0].with_changes(value=device)])
 
         return self.fix_or_report(
-            node, self.say("device", "`{code}` uses the rank `{rank}` as a CUDA device index; "
-                           "each XLA process has one device, `torch_xla.device()`",
-                           code=self.ctx.short(node), rank=self.ctx.code(value)), build)
+            node, self.say("device", code=self.ctx.short(node), rank=self.ctx.code(value)), build)
 
 
 @transform("TPU406")
@@ -598,12 +567,10 @@ class SamplerReplicas(Transform):
         if (replicas is not None and rank is not None and self.ctx.code(replicas.value) == "xr.world_size()"
                 and self.ctx.code(rank.value) == "xr.global_ordinal()"):
             return None
-        message = (f"`{self.ctx.short(original)}`: each process reads its shard; the replica "
-                   "count and rank come from torch_xla's runtime")
+        message = self.say("sampler", code=self.ctx.short(original))
         if any(a.star for a in updated.args):
-            self.ctx.report(self.rule, original, message + " (`num_replicas=xr.world_size(), "
-                            "rank=xr.global_ordinal()`); the call passes a splat tpukit cannot "
-                            "see into: set them there", applied=False, fix=FixKind.NONE)
+            self.ctx.report(self.rule, original, message + self.say("sampler_splat"),
+                            applied=False, fix=FixKind.NONE)
             return None
         positional = plain_positional(updated)
         if not positional and find_keyword(updated, "dataset") is None:
@@ -640,10 +607,9 @@ class CompileBackend(Transform):
         dropped = ""
         if mode is not None:
             value = string_value(mode.value)
-            dropped = (f"; `mode={self.ctx.code(mode.value)}` is dropped: "
-                       + ("CUDA graphs and Triton autotuning do not exist on XLA"
-                          if value in COMPILE_MODES_WITHOUT_MEANING or value is None
-                          else "XLA compiles the whole graph the same way whatever the mode"))
+            why = (self.say("mode_cuda_only") if value in COMPILE_MODES_WITHOUT_MEANING
+                   or value is None else self.say("mode_same"))
+            dropped = self.say("mode_dropped", mode=self.ctx.code(mode.value), why=why)
 
         def build():
             args = [a for a in updated.args if not (a.keyword and a.keyword.value in ("backend", "mode"))]
@@ -651,15 +617,14 @@ class CompileBackend(Transform):
             return updated.with_changes(args=with_commas(args))
 
         return self.fix_or_report(
-            original, f"`{self.ctx.short(original)}`: on TPU, torch.compile lowers through "
-            f'torch_xla (`backend="openxla"`){dropped}', build)
+            original, self.say("compile", code=self.ctx.short(original), dropped=dropped), build)
 
     def _drop_mode(self, original: cst.Call, updated: cst.Call, mode: cst.Arg | None):
         """TorchTPU keeps torch.compile's PyTorch form; its backend rejects CUDA-only modes."""
         if mode is None or string_value(mode.value) not in COMPILE_MODES_WITHOUT_MEANING:
             return None
         return self.fix_or_report(
-            original, self.say("mode", "`{code}`", code=self.ctx.short(original),
+            original, self.say("mode", code=self.ctx.short(original),
                                mode=self.ctx.code(mode.value)),
             lambda: updated.with_changes(args=with_commas(
                 [a for a in updated.args if not (a.keyword and a.keyword.value == "mode")])))
@@ -670,8 +635,7 @@ class CompileBackend(Transform):
         if self.ctx.qualify(original.decorator) != "torch.compile":
             return None  # `@torch.compile(...)` is a call: leave_Call above
         return self.fix_or_report(
-            original.decorator, "`@torch.compile`: on TPU, torch.compile lowers through torch_xla "
-            '(`backend="openxla"`)',
+            original.decorator, self.say("decorator"),
             lambda: updated.with_changes(decorator=self.ctx.expr(
                 f'{self.ctx.code(original.decorator)}(backend="openxla")')))
 
@@ -747,8 +711,7 @@ class OptimizerStepWithoutDdp(Transform):
         if name not in self._facts().optimizers:
             return None
         return self.fix_or_report(
-            call, f"`{self.ctx.short(call)}` in a multi-process script without DDP: "
-            f"`xm.optimizer_step({name})` averages the gradients across processes, then steps",
+            call, self.say("step", code=self.ctx.short(call), name=name),
             lambda: StatementPlan([self.ctx.statement(f"xm.optimizer_step({name})")]))
 
     def visit_Call(self, node: cst.Call):
@@ -757,10 +720,8 @@ class OptimizerStepWithoutDdp(Transform):
             return None
         if not node.args or "grad" not in self.ctx.code(node.args[0].value):
             return None
-        self.ctx.report(self.rule, node, f"`{self.ctx.short(node)}`: `xm.optimizer_step` averages "
-                        "gradients across processes already; remove this hand-written reduction "
-                        "(kept, it only costs time: a mean of equal values)", applied=False,
-                        fix=None)
+        self.ctx.report(self.rule, node, self.say("all_reduce", code=self.ctx.short(node)),
+                        applied=False, fix=None)
         return None
 
 
@@ -779,10 +740,7 @@ class NcclEnv(Transform):
 
     def _report(self, node, key: str | None):
         if key and key.startswith("NCCL_"):
-            self.ctx.report(self.rule, node, self.say(
-                "nccl", "`{key}` configures NCCL, which TPUs do not use: remove it (XLA "
-                "collectives run over the TPU interconnect; tune them with LIBTPU_INIT_ARGS / "
-                "XLA_FLAGS if you must)", key=key), applied=False)
+            self.ctx.report(self.rule, node, self.say("nccl", key=key), applied=False)
         return None
 
 
@@ -819,13 +777,11 @@ class ZeroOptimizer(Transform):
                       if a.keyword and a.keyword.value in _ZERO_OWN})
         cls = roles.get("optimizer_class")
         if cls is None:
-            return ("`optimizer_class` is in a splat tpukit cannot see", None, set())
+            return (self.say("why_splat"), None, set())
         overlap = roles.get("overlap_with_ddp")
         if (overlap is not None and dotted(overlap.value) != "False"
                 and "hook_with_zero_step" in self.ctx.source):
-            return ("`overlap_with_ddp` steps it inside DDP's communication hook "
-                    "(`hook_with_zero_step`): remove that hook and step the plain optimizer "
-                    "after backward", None, set())
+            return (self.say("why_overlap"), None, set())
         drop = {i for i, a in enumerate(call.args)
                 if a is not roles.get("params") and any(a is v for v in roles.values())}
         # `fused=` goes as TPU204 drops it from any optimizer: CUDA's kernel (it raises on XLA)
@@ -833,21 +789,16 @@ class ZeroOptimizer(Transform):
         return "", cls, drop
 
     def _message(self, call: cst.Call, new: str) -> str:
-        return self.say(
-            "zero", "`{code}` -> `{new}(...)`: the same optimizer without ZeRO's sharding steps "
-            "the same values (DDP averages every gradient on every process; ZeRO only splits "
-            "the state and broadcasts the updated parameters, which grew a GPT-2 124M port "
-            "past 24 GB); for the memory saving shard the optimizer state with SPMD (FSDPv2, "
-            "`SpmdFullyShardedDataParallel` in torch_xla.experimental)",
-            code=self.ctx.short(call), new=new)
+        return self.say("zero", code=self.ctx.short(call), new=new)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if self.ctx.qualify(original.func) not in ZERO_NAMES:
             return None
         why, cls, drop = self._plan(original)
         if cls is None:
-            self.ctx.report(self.rule, original, self._message(original, "a plain optimizer")
-                            + f"; not rewritten: {why}", applied=False, fix=FixKind.NONE)
+            self.ctx.report(self.rule, original,
+                            self._message(original, self.say("plain_optimizer"))
+                            + self.say("not_rewritten", why=why), applied=False, fix=FixKind.NONE)
             return None
         new = self.ctx.code(cls.value)
         return self.fix_or_report(original, self._message(original, new), lambda: updated.with_changes(
@@ -876,9 +827,7 @@ class ZeroOptimizer(Transform):
             return None
         text = self.ctx.short(call)
         return self.fix_or_report(
-            call, self.say("consolidate", "`{code}` is removed: the optimizer is a plain one "
-                           "now, whose `state_dict()` holds the whole state on every process",
-                           code=text),
+            call, self.say("consolidate", code=text),
             lambda: StatementPlan([], f'removed "{text}": a plain optimizer\'s state_dict() is '
                                       "whole already"))
 

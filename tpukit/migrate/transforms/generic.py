@@ -41,15 +41,15 @@ class UnmappedCudaApi(Transform):
         moved = self.mapping.get("moved", {})
         if head in moved:
             new = moved[head] + rest[len(head):]
-            why = (f"`{self.mapping['rename']}.{head}` is internal to TorchTPU (it raises from "
-                   f"user code); `{moved[head]}` is the call it names instead")
+            why = self.say("why_moved", module=self.mapping["rename"], name=head, call=moved[head])
         elif "rename" in self.mapping and head in self.mapping["exported"]:
             new = f"{self.mapping['rename']}.{rest}"
-            why = "TorchTPU's torch.tpu exports the same name"
+            why = self.say("why_exported")
         else:
             self._report(node, name, self.mapping.get("internal", {}).get(head))
             return None
-        return self.fix_or_report(node, f"`{name}` -> `{new}`: {why}", lambda: self.ctx.expr(new))
+        return self.fix_or_report(node, self.say("renamed", name=name, new=new, why=why),
+                                  lambda: self.ctx.expr(new))
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         # `from torch.cuda import Stream` then `Stream()`: a bare name. Checked on leave, when
@@ -62,5 +62,5 @@ class UnmappedCudaApi(Transform):
 
     def _report(self, node: cst.CSTNode, name: str, message: str | None = None) -> None:
         message = message or self.rule.message_for(self.ctx.target)
-        self.ctx.report(self.rule, node, f"`{name}` has no automatic TPU mapping: {message}", False,
+        self.ctx.report(self.rule, node, self.say("unmapped", name=name, message=message), False,
                         fix=FixKind.NONE)

@@ -26,12 +26,10 @@ class InferenceMode(Transform):
                           and (args[0].keyword is None or args[0].keyword.value == "mode"))
         code = self.ctx.short(original)
         if not on:  # inference_mode(False) / inference_mode(flag): not always a no_grad
-            self.ctx.report(self.rule, original, f"`{code}`: inference mode fails on XLA "
-                            "tensors; use `torch.no_grad()` where the flag is true, "
-                            "`contextlib.nullcontext()` where it is false", applied=False)
+            self.ctx.report(self.rule, original, self.say("flag", code=code), applied=False)
             return None
         return self.fix_or_report(
-            original, f"`{code}` -> `torch.no_grad()`: inference tensors fail on XLA ({WHY})",
+            original, self.say("call", code=code),
             lambda: updated.with_changes(func=self._no_grad(), args=()))
 
     def leave_Decorator(self, original: cst.Decorator, updated: cst.Decorator):
@@ -39,9 +37,5 @@ class InferenceMode(Transform):
         if self.ctx.qualify(original.decorator) not in INFERENCE_MODE:
             return None
         return self.fix_or_report(
-            original.decorator, f"`@{self.ctx.short(original.decorator)}` -> `@torch.no_grad`: "
-            f"inference tensors fail on XLA ({WHY})",
+            original.decorator, self.say("decorator", code=self.ctx.short(original.decorator)),
             lambda: updated.with_changes(decorator=self._no_grad()))
-
-
-WHY = "\"Cannot set version_counter for inference tensor\" at the first op"

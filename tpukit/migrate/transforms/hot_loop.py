@@ -63,9 +63,7 @@ class HostSyncInLoop(Transform):
     def _report(self, node, what: str) -> None:
         self.ctx.report(
             self.rule, node,
-            self.say("sync", "`{code}` {what} in the training loop: it waits for the device and "
-                     "copies to the host every step; log less often, or defer it with "
-                     "`xm.add_step_closure(...)`", code=self.ctx.short(node), what=what),
+            self.say("sync", code=self.ctx.short(node), what=what),
             applied=False)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
@@ -74,18 +72,18 @@ class HostSyncInLoop(Transform):
         func = original.func
         if isinstance(func, cst.Attribute) and func.attr.value in HOST_READS and not original.args:
             if not self.ctx.qualify(func.value):
-                self._report(original, "copies a tensor to the host")
+                self._report(original, self.say("copies"))
         elif isinstance(func, cst.Name) and func.value in ("float", "int") and len(original.args) == 1:
             if _tensorish(original.args[0].value):
-                self._report(original, "reads a tensor's value")
+                self._report(original, self.say("reads"))
         elif isinstance(func, cst.Name) and func.value == "print":
             if any(isinstance(a.value, (cst.Name, cst.Attribute)) and _tensorish(a.value) for a in original.args):
-                self._report(original, "prints a tensor")
+                self._report(original, self.say("prints"))
         return None
 
     def leave_If(self, original: cst.If, updated: cst.If):
         if self.depth and isinstance(original.test, (cst.Name, cst.Attribute)) and _tensorish(original.test):
-            self._report(original.test, "tests a tensor's truth value")
+            self._report(original.test, self.say("tests"))
         return None
 
     def leave_Expr(self, original: cst.Expr, updated: cst.Expr):
@@ -101,10 +99,8 @@ class HostSyncInLoop(Transform):
             func=self.ctx.expr("xm.add_step_closure"),
             args=[cst.Arg(cst.Lambda(params=cst.Parameters(), body=updated.value))],
         )
-        self.ctx.report(
-            self.rule, original,
-            f"`{self.ctx.short(original)}` logs a device value every step: deferred with "
-            "`xm.add_step_closure`, which runs it after the step's graph executed", applied=True)
+        self.ctx.report(self.rule, original, self.say("closure", code=self.ctx.short(original)),
+                        applied=True)
         return updated.with_changes(value=closure)
 
 
@@ -123,14 +119,7 @@ def _scalar(expr: cst.BaseExpression) -> bool:
 class DataDependentShape(Transform):
     """Ops whose output shape depends on tensor values fall back to the CPU or recompile."""
 
-    FUNCTIONS = {
-        "torch.nonzero": "`torch.nonzero` has a data-dependent shape: use a mask with "
-        "`torch.where(mask, x, 0)` or a fixed-size `torch.topk`",
-        "torch.masked_select": "`torch.masked_select` has a data-dependent shape: multiply by the "
-        "mask (`x * mask`) or use `torch.where(mask, x, 0)` and reduce",
-        "torch.unique": "`torch.unique` has a data-dependent shape: precompute the vocabulary, or "
-        "use a fixed-size one-hot/bincount with `minlength`",
-    }
+    FUNCTIONS = ("torch.nonzero", "torch.masked_select", "torch.unique")
     METHODS = {"nonzero": "torch.nonzero", "masked_select": "torch.masked_select", "unique": "torch.unique"}
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
@@ -139,11 +128,12 @@ class DataDependentShape(Transform):
         if name is None and isinstance(func, cst.Attribute) and func.attr.value in self.METHODS:
             name = self.METHODS[func.attr.value]
         if name in self.FUNCTIONS:
-            self.ctx.report(self.rule, original, self.FUNCTIONS[name], applied=False,
-                            fix=FixKind.NONE)
+            message = {"torch.nonzero": self.say("nonzero"),
+                       "torch.masked_select": self.say("masked_select"),
+                       "torch.unique": self.say("unique")}[name]
+            self.ctx.report(self.rule, original, message, applied=False, fix=FixKind.NONE)
         elif name == "torch.where" and len(original.args) == 1:
-            self.ctx.report(self.rule, original, "one-argument `torch.where(mask)` is `nonzero`: a "
-                            "data-dependent shape; use `torch.where(mask, x, 0)`", applied=False,
+            self.ctx.report(self.rule, original, self.say("where"), applied=False,
                             fix=FixKind.NONE)
         return None
 
@@ -183,9 +173,8 @@ class DataDependentShape(Transform):
         value = self.ctx.code(original.value)
         new = f"{tensor}.masked_fill_({mask}, {value})"
         return self.fix_or_report(
-            original, f"`{self.ctx.short(original)}` writes through a boolean mask (a nonzero "
-            f"on the host, a CPU fallback and a copy every call): `{new}` does the same at a "
-            "fixed shape", lambda: cst.Expr(cst.parse_expression(new)))
+            original, self.say("masked_write", code=self.ctx.short(original), new=new),
+            lambda: cst.Expr(cst.parse_expression(new)))
 
     def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript):
         if any(target is original for target in self.filled.values()):
@@ -196,12 +185,9 @@ class DataDependentShape(Transform):
         boolean = isinstance(index, cst.Comparison) or (
             isinstance(index, (cst.Name, cst.Attribute)) and "mask" in terminal_name(index).lower())
         if boolean:
-            self.ctx.report(
-                self.rule, original,
-                f"`{self.ctx.short(original)}` indexes with a boolean mask: the result's shape "
-                "depends on the data (a CPU fallback or a recompile per count); keep the shape "
-                "fixed, e.g. `(x * mask).sum() / mask.sum()` or `ignore_index` in the loss",
-                applied=False, fix=FixKind.NONE)
+            self.ctx.report(self.rule, original,
+                            self.say("masked_index", code=self.ctx.short(original)),
+                            applied=False, fix=FixKind.NONE)
         return None
 
 
@@ -240,13 +226,9 @@ class DynamicPadding(Transform):
         parts = value.args[0].value.elements
         if grown and parts and isinstance(parts[0].value, cst.Name) and parts[0].value.value in grown:
             name = parts[0].value.value
-            self.ctx.report(
-                self.rule, original,
-                f"`{self.ctx.short(original)}` grows `{name}` every iteration: a new shape, so a "
-                "new XLA graph per iteration (minGPT's generate compiled 2 graphs a token); "
-                f"allocate `{name}` at its final length once and write each step into it "
-                "(`index_copy_` at a tensor position), or pad to a few fixed lengths",
-                applied=False)
+            self.ctx.report(self.rule, original,
+                            self.say("grows", code=self.ctx.short(original), name=name),
+                            applied=False)
         return None
 
     def visit_FunctionDef(self, node):
@@ -260,12 +242,8 @@ class DynamicPadding(Transform):
         name = self.ctx.qualify(original.func) or dotted(original.func) or ""
         padding = name.endswith("pad_sequence") or name.endswith("DataCollatorWithPadding")
         if padding and (name.endswith("DataCollatorWithPadding") or any("collate" in f for f in self.functions)):
-            self.ctx.report(
-                self.rule, original,
-                self.say("padding", "`{code}` pads each batch to its own longest sequence: every "
-                         "new length is a new XLA graph. Pad to a few fixed lengths instead "
-                         "(`tpukit.buckets`, or `padding=\"max_length\"`)",
-                         code=self.ctx.short(original)), applied=False)
+            self.ctx.report(self.rule, original, self.say("padding", code=self.ctx.short(original)),
+                            applied=False)
         return None
 
 
@@ -305,12 +283,8 @@ class HeadDim(Transform):
         if head_dim % 128 == 0 or head_dim <= 0:
             return
         padded = -(-head_dim // 128) * 128
-        self.ctx.report(
-            self.rule, node,
-            f"attention head_dim {head_dim} does not fill the TPU matrix units (128 wide on "
-            f"v5e and older, 256 on v6e): {head_dim}/{padded} of each pass is used; consider "
-            f"head_dim {padded} (fewer heads) or padding q/k/v to {padded}", applied=False,
-            head_dim=head_dim)
+        self.ctx.report(self.rule, node, self.say("head_dim", head_dim=head_dim, padded=padded),
+                        applied=False, head_dim=head_dim)
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
         names = [terminal_name(t.target) for t in original.targets]

@@ -26,16 +26,6 @@ _LOADER_SAMPLER = re.compile(r"(\w+)\.sampler\.set_epoch\s*\(")
 NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 # Tensor methods that read the value on the host: each waits for the device to compute it.
 HOST_READS = ("item", "tolist", "cpu", "numpy")
-SAMPLING = ("a loop without gradients that feeds each iteration's result into the next (a "
-            "sampler: `output, state = model(x, state)`, `idx = torch.cat((idx, nxt), 1)`) "
-            "without a graph barrier: XLA would trace the whole chain into every later graph, "
-            "a new and longer graph at each host read")
-BOTH_BRANCHES = ("a training step without a graph barrier, stepping an optimizer in one branch "
-                 "and updating the parameters by hand in the other: `torch_xla.sync()` added "
-                 "after both")
-HAND_STEP = ("a training step that updates its parameters by hand (a `.backward()`, no optimizer "
-             "object) without a graph barrier: each step's update would pile into the next "
-             "step's graph (a bigger graph and a new compile every step)")
 
 
 # `train_dl, model, opt = accelerator.prepare(train_dl, model, opt)`: accelerate's loader
@@ -370,13 +360,8 @@ class DeviceLoader(Transform):
             )
             return updated.with_changes(iter=_replace_innermost(updated.iter, len(path), wrapped))
 
-        return self.fix_or_report(
-            original.iter,
-            f"`{self.ctx.short(loader)}` feeds the loop from the host; wrap it in "
-            "`pl.MpDeviceLoader(loader, device)` (overlaps the copy to the device and cuts the "
-            "graph once per batch)",
-            build,
-        )
+        return self.fix_or_report(original.iter, self.say("loader", code=self.ctx.short(loader)),
+                                  build)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         name = self.ctx.qualify(original.func)
@@ -389,16 +374,13 @@ class DeviceLoader(Transform):
                 if args and original.args[-1] is pin:
                     args[-1] = args[-1].with_changes(comma=updated.args[-1].comma)
                 return updated.with_changes(args=args)
-            return self.fix_or_report(
-                pin, "`pin_memory` pins host memory for CUDA copies; MpDeviceLoader does the "
-                "transfer on TPU: dropped", build)
+            return self.fix_or_report(pin, self.say("pin_memory_argument"), build)
         func = original.func
         if (isinstance(func, cst.Attribute) and func.attr.value == "pin_memory"
                 and not original.args and not self.ctx.qualify(func.value)):
             return self.fix_or_report(
-                original, f"`{self.ctx.short(original)}`: pinned memory is a CUDA copy aid; dropped",
-                lambda: updated.func.value,
-            )
+                original, self.say("pin_memory", code=self.ctx.short(original)),
+                lambda: updated.func.value)
         return None
 
 
@@ -431,13 +413,7 @@ class RaggedLastBatch(Transform):
                 equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                       whitespace_after=cst.SimpleWhitespace("")))])
 
-        return self.fix_or_report(
-            original,
-            self.say("ragged", "DataLoader without `drop_last=True`: a ragged last batch has a "
-                     "new shape and recompiles the step; pass `drop_last=True` (or pad it to the "
-                     "batch size)"),
-            build,
-        )
+        return self.fix_or_report(original, self.say("ragged"), build)
 
 
 @transform("TPU303")
@@ -485,7 +461,7 @@ class StepBarrier(Transform):
         if finder.step_lines:
             both = _branch_with_hand_update(node, finder.step_lines[-1])
             if both is not None:  # `if use_optimizer: opt.step()` / `else: p.data.add_(...)`
-                self.after_update[both] = (node, BOTH_BRANCHES)
+                self.after_update[both] = (node, self.say("both_branches"))
             else:
                 self.after[finder.step_lines[-1]] = node  # after the last step: one a step
             self.micro_steps.update(accumulation_backwards(self.ctx, node))
@@ -495,7 +471,8 @@ class StepBarrier(Transform):
             # step's graph (a bigger graph and a new compile per step).
             update = hand_update(self.ctx, node, finder.backward)
             if update is not None:
-                self.after_update[update] = (node, HAND_STEP + "; `torch_xla.sync()` added after the update")
+                self.after_update[update] = (node, self.say("hand_step_after_update",
+                                                            hand_step=self.say("hand_step")))
             elif isinstance(node.body, cst.IndentedBlock):
                 self.update_at_end.add(node)
         elif self.no_grad_depth and (finder.calls_batch or carries_state(node)):
@@ -521,12 +498,10 @@ class StepBarrier(Transform):
     def leave_SimpleStatementLine(self, original, updated):
         if original in self.before:
             loop = self.before.pop(original)
+            message = (self.say("sampling_before_read", sampling=self.say("sampling"))
+                       if loop in self.sampling else self.say("eval_before_read"))
             return self.fix_or_report(
-                original,
-                (SAMPLING if loop in self.sampling else
-                 "an eval loop over hand-made batches without a graph barrier") +
-                ": `torch_xla.sync()` added once per " +
-                ("iteration" if loop in self.sampling else "batch") + ", before the first host read",
+                original, message,
                 lambda: cst.FlattenSentinel([
                     self._sync_line().with_changes(leading_lines=updated.leading_lines),
                     updated.with_changes(leading_lines=()),
@@ -535,11 +510,7 @@ class StepBarrier(Transform):
         if original in self.micro_steps:
             self.micro_steps.discard(original)
             return self.fix_or_report(
-                original,
-                "gradient accumulation without a graph barrier per micro-step: XLA would trace "
-                "every micro-step's forward and backward into one graph (a compile that grows "
-                "with the accumulation count, and a new graph per count); `torch_xla.sync()` "
-                "added after the backward",
+                original, self.say("micro_step"),
                 lambda: cst.FlattenSentinel([updated, self._sync_line()]),
             )
         if original in self.after_update:
@@ -548,9 +519,7 @@ class StepBarrier(Transform):
             return None
         self.after.pop(original)
         result = self.fix_or_report(
-            original,
-            "a training step without a graph barrier: XLA would trace across steps; "
-            "`torch_xla.sync()` added after the optimizer step",
+            original, self.say("step"),
             lambda: cst.FlattenSentinel([updated, self._sync_line()]),
         )
         return result
@@ -558,13 +527,11 @@ class StepBarrier(Transform):
     def _end(self, original, updated):
         if original in self.update_at_end:
             self.update_at_end.discard(original)
-            message = HAND_STEP + "; `torch_xla.sync()` added at the end of the step"
+            message = self.say("hand_step_at_end", hand_step=self.say("hand_step"))
         elif original in self.at_end:
             self.at_end.discard(original)
-            message = (SAMPLING + ": `torch_xla.sync()` added once per iteration"
-                       if original in self.sampling else
-                       "an eval loop over hand-made batches without a graph barrier: "
-                       "`torch_xla.sync()` added once per batch")
+            message = (self.say("sampling_at_end", sampling=self.say("sampling"))
+                       if original in self.sampling else self.say("eval_at_end"))
         else:
             return None
         body = updated.body

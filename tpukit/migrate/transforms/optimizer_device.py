@@ -131,10 +131,4 @@ class OptimizerBeforeDevice(Transform):
                 args=[cst.Arg(self.ctx.device_expr())]))])
 
         return self.fix_or_report(
-            call, self.say(
-                "optimizer", "`{call}` is built from `{model}`'s parameters before "
-                "`{model}` is on the XLA device; moving a module to XLA replaces its "
-                "Parameter objects, so this optimizer would update stale CPU copies and "
-                "the model would never train: `{model}` moves to the device where it is "
-                "built", call=self.ctx.short(call), model=model),
-            build)
+            call, self.say("optimizer", call=self.ctx.short(call), model=model), build)

@@ -184,13 +184,8 @@ class DeviceSliceOffset(Transform):
         bounds = cst.Module([]).code_for_node(updated.slice[dim].slice)
         size = f"{name}.size({dim})"
         fix = (f"{name}.index_select({dim}, torch.arange({size})[{bounds}].to({name}.device))")
-        message = self.say(
-            "slice", "`{code}` slices a device tensor at a Python-int offset: XLA bakes each "
-            "offset into the graph, one compile per offset. Index it with an index built on "
-            "the host instead, `{fix}` (or keep the data on the host and move each slice to "
-            "the device): one graph for every offset", code=self.ctx.short(original), fix=fix)
+        message = self.say("slice", code=self.ctx.short(original), fix=fix)
         if id(original) in self.stores:
-            self.ctx.report(self.rule, original, message + " (not rewritten: it is written "
-                            "to, and the index form is a copy, not a view)", applied=False)
+            self.ctx.report(self.rule, original, message + self.say("written_to"), applied=False)
             return None
         return self.fix_or_report(original, message, lambda: self.ctx.expr(fix))

@@ -115,8 +115,8 @@ class TypedTensor(Transform):
 
         return self.fix_or_report(
             original.value,
-            f"`{self.ctx.short(original.value)}` is a CUDA typed tensor -> `{new}`: "
-            f"{self.mapping['note']}", build)
+            self.say("alias", code=self.ctx.short(original.value), new=new,
+                     note=self.mapping["note"]), build)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         func = original.func
@@ -129,8 +129,9 @@ class TypedTensor(Transform):
                 return updated.with_changes(func=self.ctx.expr(new))
 
             return self.fix_or_report(
-                original, f"`{self.ctx.short(original)}` makes a CUDA typed tensor -> "
-                f"`{new}(...)`: {self.mapping['note']}", build)
+                original,
+                self.say("constructor", code=self.ctx.short(original), new=new,
+                         note=self.mapping["note"]), build)
         if not (isinstance(func, cst.Attribute) and func.attr.value == "type"
                 and len(original.args) == 1 and original.args[0].keyword is None):
             return None
@@ -152,8 +153,7 @@ class TypedTensor(Transform):
                                         args=new_args)
 
         return self.fix_or_report(
-            original, f"`{self.ctx.short(original)}` casts to a CUDA typed tensor -> "
-            f"`.to({target})`", build)
+            original, self.say("cast", code=self.ctx.short(original), target=target), build)
 
     # Top-down, the uses this rule rewrites claim the type's name inside them; any other use
     # (`isinstance(x, torch.cuda.FloatTensor)`) is a finding, reported on the way up.
@@ -185,11 +185,9 @@ class TypedTensor(Transform):
             return None
         name = self.ctx.qualify(original)
         if name in TYPED:
-            self.ctx.report(
-                self.rule, original,
-                f"`{self.ctx.short(original)}` is a CUDA tensor type: test "
-                f"`x.dtype == torch.{TYPED[name]}` (and `x.device.type`) instead", False,
-                fix=FixKind.NONE)
+            self.ctx.report(self.rule, original,
+                            self.say("type", code=self.ctx.short(original), dtype=TYPED[name]),
+                            False, fix=FixKind.NONE)
         return None
 
     def __init__(self, rule, ctx) -> None:
