@@ -783,3 +783,88 @@ def test_a_guard_that_picks_a_cuda_index_or_a_gpu_package_stays():
     result = migrate(source)
     assert result.new_source == textwrap.dedent(source).lstrip("\n")
     assert [f.applied for f in result.findings] == [False, False]
+
+
+def test_a_scaler_made_only_for_an_fp16_chosen_elsewhere_stays():
+    """deepspeed's ZeRO: `if get_autocast_dtype() == torch.float16: self.scaler =
+    GradScaler(...)` in a file that enters no autocast: fp16 stays, and so must its scaler
+    (removed, fp16 training lost its loss scaling and its inf/NaN step skipping)."""
+    source = """
+    import torch
+    class Optimizer:
+        def __init__(self):
+            if get_autocast_dtype() == torch.float16:
+                self.scaler = torch.amp.GradScaler(device=get_accelerator().device_name())
+        def backward(self, loss):
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+    """
+    result = migrate(source)
+    assert result.new_source == textwrap.dedent(source).lstrip("\n")
+    [finding] = [f for f in result.findings if f.code == "TPU203"]
+    assert not finding.applied and "chosen elsewhere and stays fp16" in finding.message
+    entered = out(source.replace("self.scaler.scale(loss).backward()", (
+        'with torch.autocast("cuda", dtype=torch.float16):\n'
+        "                loss = loss * 1\n            self.scaler.scale(loss).backward()")))
+    code = [line.split("#")[0] for line in entered.splitlines()]
+    assert not any("GradScaler" in line for line in code)  # paired with a bf16 autocast: removed
+
+
+def test_a_loop_that_yields_its_batches_is_a_loader_not_a_consumer():
+    """lightning's _FabricDataLoader: the non-XLA branch's `for item in self._dataloader:
+    yield move_data_to_device(item, self._device)` got an MpDeviceLoader."""
+    new = out("""
+    import torch
+    from torch.utils.data import DataLoader
+    class Wrapper:
+        def __init__(self, ds):
+            self._dataloader = DataLoader(ds, batch_size=4)
+        def __iter__(self):
+            for item in self._dataloader:
+                yield move_data_to_device(item, self._device)
+    def train(model, ds):
+        loader = DataLoader(ds, batch_size=4)
+        for x in loader:
+            model(x.cuda())
+    """)
+    assert "for item in self._dataloader:\n" in new
+    assert "for x in pl.MpDeviceLoader(loader" in new
+
+
+def test_a_masked_write_through_another_tensors_mask_is_a_finding():
+    """ultralytics' SAM: `point_embedding[labels == -1] = 0.0` with a B x N mask of a
+    B x N x C tensor: masked_fill_ broadcasts from the right and raised."""
+    result = migrate("""
+    import torch
+    def embed(pe, labels, logits, v):
+        pe = pe.cuda()
+        pe[labels == -1] = 0.0
+        logits[logits < v[:, [-1]]] = -float("Inf")
+    """)
+    new = result.new_source
+    assert "pe[labels == -1] = 0.0\n" in new
+    assert 'logits.masked_fill_(logits < v[:, [-1]], -float("Inf"))' in new
+    left = [f for f in result.findings if f.code == "TPU502" and not f.applied]
+    assert len(left) == 1 and "made from another tensor" in left[0].message
+
+
+def test_rendezvous_settings_for_a_group_made_elsewhere_stay():
+    """deepspeed's mpi_discovery sets MASTER_ADDR for an env:// group made in another
+    module, and reads mpirun's numbers: neither is torch_xla's."""
+    source = """
+    import os
+    def mpi_discovery(distributed_port=29500):
+        os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
+        os.environ["MASTER_ADDR"] = "10.0.0.1"
+        os.environ["MASTER_PORT"] = str(distributed_port)
+        single_node = int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"]) == int(os.environ["WORLD_SIZE"])
+    def init_distributed():
+        # callers use init_process_group() through the backend object
+        backend.init()
+    """
+    assert out(source) == textwrap.dedent(source).lstrip("\n")
+    made_here = out(source.replace("backend.init()", 'torch.distributed.init_process_group("nccl")')
+                    .replace("import os\n", "import os\n    import torch\n"))
+    code = [line for line in made_here.splitlines() if not line.strip().startswith("#")]
+    assert not any("MASTER_ADDR" in line for line in code)  # this file's group is xla://

@@ -140,6 +140,45 @@ class HalfPrecision(Transform):
         return None
 
 
+_FP16 = re.compile(r"float16|\bfp16\b|\bhalf\b", re.I)
+_IF_LINE = re.compile(r"^([ \t]*)(?:el)?if\b(.*)$")
+
+
+def _under_fp16_test(source: str, offset: int) -> bool:
+    """Is the line at `offset` inside an `if` (or `elif`) whose test names fp16?"""
+    lines = source[:offset].split("\n")
+    indent = len(lines[-1]) - len(lines[-1].lstrip())
+    for line in reversed(lines[:-1]):
+        if not line.strip():
+            continue
+        depth = len(line) - len(line.lstrip())
+        if depth >= indent:
+            continue
+        indent = depth
+        match = _IF_LINE.match(line)
+        if match and _FP16.search(match.group(2)):
+            return True
+        if depth == 0:
+            return False
+    return False
+
+
+def _enters_autocast(ctx) -> bool:
+    """Does this file enter an autocast (torch.autocast, torch.cuda.amp.autocast, ...)?"""
+    finder = _AutocastCalls(ctx)
+    ctx.module.visit(finder)
+    return finder.found
+
+
+class _AutocastCalls(cst.CSTVisitor):
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.found = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.found = self.found or self.ctx.qualify(node.func) in CUDA_AUTOCAST | DEVICE_AUTOCAST
+
+
 @transform("TPU203")
 class GradScaler(Transform):
     """GradScaler removed: scale(loss) -> loss, step(opt) -> opt.step(), update()/unscale_()
@@ -150,9 +189,20 @@ class GradScaler(Transform):
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self.names = set(_SCALER_ASSIGN.findall(ctx.source))
+        # The scaler goes with an fp16 autocast that TPU201 makes bf16. One made only for an
+        # fp16 chosen elsewhere (deepspeed's ZeRO: `if get_autocast_dtype() == torch.float16:
+        # self.scaler = GradScaler(...)`, in a file that enters no autocast) serves an fp16
+        # that stays fp16: it stays too.
+        self.fp16_only = {m.group(1) for m in _SCALER_ASSIGN.finditer(ctx.source)
+                          if _under_fp16_test(ctx.source, m.start())}
+
+    def _kept(self, name: str | None) -> bool:
+        return name in self.fp16_only and not self.ctx.memo(
+            "enters_autocast", lambda: _enters_autocast(self.ctx))
 
     def _is_scaler(self, expr: cst.BaseExpression) -> bool:
-        return terminal_name(expr) in self.names
+        name = terminal_name(expr)
+        return name in self.names and not self._kept(name)
 
     def _method(self, call: cst.BaseExpression) -> str | None:
         if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute):
@@ -173,6 +223,10 @@ class GradScaler(Transform):
             return None
         names = [terminal_name(t) for t in targets]
         text = self.ctx.short(node)
+        if any(self._kept(n) for n in names):
+            self.ctx.report(self.rule, node, self.say("scaler_unpaired", code=text),
+                            applied=False, fix=FixKind.NONE)
+            return None
         if any(self._used_beyond_methods(n) for n in names if n):
             # Still passed around (`train(model, scaler)`): keep the name, as None.
             return self.fix_or_report(

@@ -45,6 +45,8 @@ WORLD_NAMES = {"world_size", "world", "nprocs", "ngpus", "n_gpus", "num_gpus", "
 _GROUP_SPLAT = re.compile(r"init_process_group\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\*")
 _NCCL_BACKEND = re.compile(r"^(?:nccl|cuda:nccl(?:,cpu:gloo)?|cpu:gloo,cuda:nccl)$")
 DEFAULT_BACKEND = "torch.distributed.get_default_backend_for_device"
+_OTHER_LAUNCHER = re.compile(r"\b(?:OMPI_COMM_WORLD_\w+|PMI_(?:RANK|SIZE)|PMIX_RANK|SLURM_(?:PROCID|"
+                            r"NTASKS|LOCALID)|MV2_COMM_WORLD_\w+)\b")
 _OWN_STORE = re.compile(r"init_process_group\((?:[^()]|\([^()]*\))*\bstore\s*=")
 _CUDA_OR_CPU_BACKEND = re.compile(r"\b(?:nccl|gloo)\b")  # "nccl", "cuda:nccl,cpu:gloo"
 DEVICE_INDEX_KEYWORDS = ("device", "device_id", "output_device")
@@ -263,11 +265,39 @@ class ProcessGroup(Transform):
             return None
         if self.ctx.memo("group_splat", lambda: bool(_GROUP_SPLAT.search(self.ctx.source))):
             return None  # a group whose splat keeps its init_method (env://) needs them
+        if not self.ctx.memo("xla_group", lambda: _ported_group_call(self.ctx)):
+            # deepspeed's mpi_discovery sets them for a group made elsewhere (env://): only
+            # a group this file makes, and TPU401 gives "xla://", meets without them
+            return None
         text = self.ctx.short(node)
         return self.fix_or_report(
             node, self.say("rendezvous", code=text),
             lambda: StatementPlan([], f'removed "{text}": init_method="xla://" needs no '
                                       "MASTER_ADDR/MASTER_PORT"))
+
+
+def _ported_group_call(ctx) -> bool:
+    """Does this file call init_process_group in a form TPU401 rewrites to "xla://" (a CUDA
+    or CPU backend written out, or none; no store of its own, no splat)?"""
+    finder = _GroupCalls(ctx)
+    ctx.module.visit(finder)
+    return finder.found
+
+
+class _GroupCalls(cst.CSTVisitor):
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.found = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.found or self.ctx.qualify(node.func) != INIT_PROCESS_GROUP:
+            return
+        if any(a.star for a in node.args) or find_keyword(node, "store") is not None:
+            return
+        plain = plain_positional(node)
+        backend = plain[0] if plain and node.args[0] is plain[0] else find_keyword(node, "backend")
+        written = string_value(backend.value) if backend is not None else None
+        self.found = written is None or bool(_CUDA_OR_CPU_BACKEND.search(written))
 
 
 # An availability test as the user wrote it, or as TPU110 wrote it (`bool(xr.device_type())`):
@@ -518,7 +548,7 @@ class TorchrunRanks(Transform):
         if dotted(node.func) == "int" and len(node.args) == 1:
             key, has_default = env_key(self.ctx, node.args[0].value)
             if key in self.mapping.get("env", {}) and not has_default:
-                if self._own_rendezvous():
+                if self._own_rendezvous() or self._other_launcher():
                     return None  # the environment's numbers feed the script's own store
                 if id(node) in self.device_values:
                     return self._rank_device(node, node, is_to=False)
@@ -538,6 +568,14 @@ class TorchrunRanks(Transform):
         group as it is)? Its RANK / WORLD_SIZE then stay the launcher's, not torch_xla's."""
         scope = self.ctx.functions[-1] if self.ctx.functions else None
         return self.ctx.memo(("own_store", id(scope)), lambda: bool(_OWN_STORE.search(
+            self.ctx.code(scope) if scope is not None else self.ctx.source)))
+
+    def _other_launcher(self) -> bool:
+        """Does the enclosing function read another launcher's numbers (mpirun's OMPI_*,
+        SLURM's, PMI's: deepspeed's mpi_discovery)? Its RANK / WORLD_SIZE are that launcher's,
+        which torch_xla does not know (xr.world_size() is 1 outside its own launch)."""
+        scope = self.ctx.functions[-1] if self.ctx.functions else None
+        return self.ctx.memo(("other_launcher", id(scope)), lambda: bool(_OTHER_LAUNCHER.search(
             self.ctx.code(scope) if scope is not None else self.ctx.source)))
 
     def _replace(self, node: cst.Call, key: str):

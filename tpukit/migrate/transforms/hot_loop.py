@@ -158,6 +158,15 @@ class DataDependentShape(Transform):
             return None
         return target if _scalar(node.value) else None
 
+    @staticmethod
+    def _same_shape(target: cst.Subscript) -> bool:
+        """Is the mask made from the target itself (`x[x < v] = 0`), so of its shape? A mask
+        of another tensor may cover only the leading dims (ultralytics' SAM: a B x N mask of a
+        B x N x C embedding), which boolean indexing allows and masked_fill_ does not."""
+        mask = target.slice[0].slice.value
+        return target.value.deep_equals(mask.left) or any(
+            target.value.deep_equals(c.comparator) for c in mask.comparisons)
+
     def visit_Assign(self, node: cst.Assign):
         target = self._mask_fill(node)
         if target is not None:
@@ -172,6 +181,11 @@ class DataDependentShape(Transform):
         tensor = self.ctx.code(target.value)
         value = self.ctx.code(original.value)
         new = f"{tensor}.masked_fill_({mask}, {value})"
+        if not self._same_shape(target):
+            self.ctx.report(self.rule, original, self.say(
+                "masked_write_other", code=self.ctx.short(original), new=new),
+                applied=False, fix=FixKind.NONE)
+            return None
         return self.fix_or_report(
             original, self.say("masked_write", code=self.ctx.short(original), new=new),
             lambda: cst.Expr(cst.parse_expression(new)))

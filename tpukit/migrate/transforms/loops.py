@@ -350,6 +350,11 @@ class DeviceLoader(Transform):
         loader, path = found
         if is_device_loader(loader) or terminal_name(loader) in prepared_names(self.ctx):
             return None
+        if _yields(original.body):
+            # lightning's _FabricDataLoader: `for item in self._dataloader: yield move(item)`
+            # is a loader itself (here, the one for non-XLA strategies): the loop that
+            # consumes its batches is where the device loader goes, not inside it.
+            return None
         device = self.ctx.device_expr()
 
         def build():
@@ -382,6 +387,27 @@ class DeviceLoader(Transform):
                 original, self.say("pin_memory", code=self.ctx.short(original)),
                 lambda: updated.func.value)
         return None
+
+
+def _yields(body: cst.BaseSuite) -> bool:
+    """Does the loop body hand its items on (`yield`), outside nested functions?"""
+    finder = _YieldFinder()
+    body.visit(finder)
+    return finder.found
+
+
+class _YieldFinder(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found = False
+
+    def visit_Yield(self, node: cst.Yield) -> None:
+        self.found = True
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
 
 
 def _replace_innermost(expr, depth: int, replacement):
