@@ -418,23 +418,3 @@ def test_a_graph_compiled_without_source_lines_is_diffed_by_opcode():
     diff = diff_graphs(_hlo(plain), _hlo(lined), _user)
     assert (diff.kind, diff.op, diff.line) == ("changed", "slice", 7)
     assert diff.what == "`slice` slice={[5:10], [0:4]} -> slice={[10:15], [0:4]}"
-
-
-def test_ir_debug_is_on_while_graphs_are_new_and_off_in_the_steady_state(monkeypatch):
-    import torch_xla
-
-    from tpukit.run.graphs import IrDebug
-
-    calls = []
-    monkeypatch.setattr(torch_xla._XLAC, "_set_ir_debug", calls.append)
-    ir = IrDebug(warmup=2)
-    ir.next_step(2, compiled=True, tracing=False)   # still warm-up
-    ir.next_step(3, compiled=True, tracing=False)   # step 2 compiled: step 3 may too
-    ir.next_step(4, compiled=False, tracing=False)  # steady: off
-    ir.next_step(5, compiled=False, tracing=False)  # unchanged: not set again
-    ir.next_step(6, compiled=True, tracing=True)    # the fallback tracer's step: off
-    ir.next_step(7, compiled=True, tracing=False)
-    assert calls == [True, False, True]
-    always = IrDebug(warmup=2, always=True)
-    always.next_step(9, compiled=False, tracing=False)
-    assert calls == [True, False, True]  # --explain-graphs: XLA_IR_DEBUG=1 from the start
