@@ -223,12 +223,9 @@ def run(
                                "torch_tpu, else [tool.tpukit] target, else xla)."),
     eager_mode: Optional[str] = typer.Option(
         None, "--eager-mode", help="torchtpu target: debug, strict or fused (default fused)."),
-    explain_graphs: Optional[bool] = typer.Option(
-        None, "--explain-graphs/--no-explain-graphs",
-        help="What differs in a recompiled graph, at its line. By default from XLA's dump of "
-             "each graph it compiles, with source lines while graphs are new (warm-up, and after "
-             "a step that compiled); --explain-graphs keeps every op's line in every step "
-             "(a diagnosis run: slower, and no fallback tracer); --no-explain-graphs: no dump."),
+    explain_graphs: bool = typer.Option(
+        False, "--explain-graphs", help="Dump every graph's HLO and name what differs in a "
+                                        "recompiled graph, at its line (slower: a diagnosis run)."),
 ) -> None:
     """Run a script on the TPU (XLA:CPU without one) and explain its recompiles, CPU fallbacks
     and host syncs, step by step."""

@@ -50,9 +50,7 @@ class RunRequest:
     html: Path | None = None
     target: str | None = None  # None: see torchtpu.resolve_target
     eager_mode: str | None = None
-    # Each compiled graph's HLO, to diff recompiled graphs: None (default) with source lines
-    # while graphs are new, True with them always (a diagnosis run), False no dump.
-    explain_graphs: bool | None = None
+    explain_graphs: bool = False  # dump every graph's HLO to diff recompiled graphs
 
 
 def choose_device(env: dict) -> str | None:
@@ -106,20 +104,17 @@ def _debug_log_path(env: dict) -> tuple[Path, bool]:
     return Path(name), True
 
 
-def _graph_dump(env: dict, warmup: int, always: bool):
-    """XLA writes the HLO of each graph it compiles, with the Python line of every
-    instruction, to a folder of ours (graphs.py; XLA_FLAGS and XLA_HLO_DEBUG are read once,
-    when torch_xla starts). None where the user's XLA_FLAGS already dump somewhere."""
-    from tpukit.run.graphs import CompileDump
+def _graph_dump(env: dict):
+    """--explain-graphs: torch_xla writes each graph's HLO, with the Python line of every
+    instruction, to a file of ours (read once, at torch_xla's import)."""
+    from tpukit.run.graphs import GraphDump
 
-    if "--xla_dump_to" in env.get("XLA_FLAGS", ""):
-        return None
-    dump = CompileDump(Path(tempfile.mkdtemp(prefix="tpukit-graphs-")), warmup, always)
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {dump.flags()}".strip()
-    env["XLA_HLO_DEBUG"] = "1"  # source lines in the HLO; IR debug is toggled (graphs.py)
-    if always:
-        env["XLA_IR_DEBUG"] = "1"
-    return dump
+    base = Path(tempfile.mkdtemp(prefix="tpukit-graphs-")) / "graphs.hlo"
+    env["XLA_SAVE_TENSORS_FILE"] = str(base)
+    env["XLA_SAVE_TENSORS_FMT"] = "hlo"
+    env["XLA_HLO_DEBUG"] = "1"
+    env["XLA_IR_DEBUG"] = "1"
+    return GraphDump(base)
 
 
 def run_command(request: RunRequest) -> int:
@@ -157,8 +152,11 @@ def run_command(request: RunRequest) -> int:
         os.environ["PT_XLA_DEBUG_LEVEL"] = "2"
         os.environ["PT_XLA_DEBUG_FILE"] = str(log_path)
         log = DebugLog(log_path, skip_existing=not ours)
-        if request.explain_graphs is not False:
-            dump = _graph_dump(os.environ, request.warmup, always=bool(request.explain_graphs))
+        if request.explain_graphs:
+            dump = _graph_dump(os.environ)
+    elif request.explain_graphs:
+        print("tpukit: warning: --explain-graphs: torch_xla was imported before tpukit run, so "
+              "its graphs cannot be dumped", file=sys.stderr, flush=True)
     try:
         import torch_xla  # noqa: F401  (the runtime the script will use)
     except ImportError as exc:

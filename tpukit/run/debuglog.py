@@ -38,8 +38,6 @@ class GraphEvent:
     cause: str = ""
     frames: list[tuple[str, str, int]] = field(default_factory=list)  # innermost first
     step: int = 0  # 1-based step it happened in (set by the probe)
-    inputs: int | None = None  # the graph's parameters and results, as torch_xla counts them
-    outputs: int | None = None  # (graphs.CompileDump checks its dump files against them)
 
 
 class DebugLog:
@@ -110,10 +108,6 @@ def _parse(kind: str, lines: list[str]) -> GraphEvent:
             value = value.strip()
             if key == "Graph Hash":
                 event.graph_hash = value
-            elif key == "Number of Graph Inputs" and value.isdigit():
-                event.inputs = int(value)
-            elif key == "Number of Graph Outputs" and value.isdigit():
-                event.outputs = int(value)
         elif section == "frames":
             match = _FRAME.match(text)
             if match:

@@ -1,26 +1,24 @@
-"""What differs between a recompiled graph and the last graph from the same line, named at
-the user's line.
+"""`tpukit run --explain-graphs`: what differs between a recompiled graph and the last graph
+from the same line, named at the user's line.
 
-XLA writes the HLO of every module it *compiles* when XLA_FLAGS has `--xla_dump_to=DIR`
-(`module_NNNN.<name>.before_optimizations.txt`): once per new graph, never for a graph run
-again from the cache, so the steady state costs nothing. With XLA_HLO_DEBUG=1 and torch_xla's
-IR debug on (`torch_xla._XLAC._set_ir_debug`), each instruction carries the Python
-source_file/source_line of the op that made it; IR debug captures a Python frame per op, so
-tpukit turns it on only while graphs are new (the warm-up, and the steps after a step that
-compiled) and off in the steady state (GraphEvents.ir_debug). A dump file is matched to the
-debug log's compile event of the same order, and checked against that event's input and output
-counts: a dump that does not match (a compile the persistent cache answered) stops the
-matching rather than pair a graph with the wrong hash.
+torch_xla writes the HLO of every graph it runs when XLA_SAVE_TENSORS_FILE is set (with
+XLA_SAVE_TENSORS_FMT=hlo and XLA_HLO_DEBUG=1 each instruction carries its Python
+source_file/source_line). Both are read once, when torch_xla starts, so the dump is on for the
+whole run, and torch_xla lowers every step's graph to HLO text for it: a diagnostic mode, not
+the default. The IR text format (XLA_SAVE_TENSORS_FMT=text) is not enough: it does not show a
+slice's bounds (`xla::select(%0)`), which is the commonest cause of all.
 
-    HloModule SyncTensorsGraph.23, entry_computation_layout={(f32[], f32[100,4]{1,0})->(f32[5,4]{1,0})}
-    ENTRY %SyncTensorsGraph.23 (p0.1: f32[], p1.2: f32[100,4]) -> (f32[5,4]) {
-      %slice.3 = f32[5,4]{1,0} slice(%p1.2), slice={[5:10], [0:4]},
+    [ScheduleSyncTensorsGraph]
+    ...
+    ## BEGIN_GRAPH
+    HloModule IrToHlo.17, entry_computation_layout=...
+    ENTRY %IrToHlo.17 (p0.6: f32[100,4]) -> (...) {
+      %slice.7 = f32[5,4]{1,0} slice(f32[100,4]{1,0} %p0.6), slice={[0:5], [0:4]},
           metadata={op_type="xla__select" ... source_file="/tmp/train.py" source_line=6}
       ...
-
-The IR text format (XLA_SAVE_TENSORS_FMT=text) is not enough: it does not show a slice's
-bounds (`xla::select(%0)`), which is the commonest cause of all; and XLA_SAVE_TENSORS_FILE
-lowers every graph of every step to text (1.13x the run's wall time on XLA:CPU).
+    }
+    Graph Hash: 9ee3df8306339736e8f3119d12356ee
+    ## END_GRAPH
 """
 
 from __future__ import annotations
@@ -70,99 +68,47 @@ def parse_graph(lines: list[str]) -> list[Op]:
     return [op for op in map(parse_instruction, lines) if op is not None]
 
 
-class IrDebug:
-    """torch_xla's IR debug (a Python frame kept per op: the source lines of the dump) on
-    while graphs are new, off in the steady state: on through the warm-up and for the step
-    after a step that compiled; off while the fallback tracer runs (under it every op's
-    innermost frame is the tracer's own)."""
+class GraphDump:
+    """The graphs of the dump by hash, the first time each was seen; read as the file grows."""
 
-    def __init__(self, warmup: int, always: bool = False) -> None:
-        self.warmup = warmup
-        self.always = always  # --explain-graphs: on in every step (and no fallback tracer)
-        self.on: bool | None = None  # as torch_xla has it, once tpukit set it
-
-    def next_step(self, index: int, compiled: bool, tracing: bool) -> None:
-        if not self.always:
-            self._set((index <= self.warmup or compiled) and not tracing)
-
-    def _set(self, on: bool) -> None:
-        if on == self.on:
-            return
-        import torch_xla
-
-        torch_xla._XLAC._set_ir_debug(on)
-        self.on = on
-
-
-class CompileDump:
-    """The graphs XLA compiled, by graph hash, the first time each was seen; read as the
-    dump folder fills, one compile event (debuglog.GraphEvent) per dump file, in order."""
-
-    def __init__(self, folder: Path, warmup: int = 2, always: bool = False) -> None:
-        self.ir_debug = IrDebug(warmup, always)
-        self.folder = folder
+    def __init__(self, base: Path) -> None:
+        self.base = base  # torch_xla writes BASE.0 (one file per device ordinal)
         self.graphs: dict[str, list[Op]] = {}
-        self._read: set[str] = set()
-        self._events: list = []  # compile events whose dump file has not been read yet
-        self.matched = True  # False once a file disagreed with its event: no more pairing
+        self._offsets: dict[Path, int] = {}
+        self._pending: list[str] = []
 
-    def flags(self) -> str:
-        """What XLA_FLAGS needs for this dump."""
-        return f"--xla_dump_to={self.folder} --xla_dump_hlo_as_text"
+    def files(self) -> list[Path]:
+        return sorted(self.base.parent.glob(self.base.name + ".*"))
 
-    def read_new(self, compiles: list | tuple = ()) -> None:
-        self._events.extend(compiles)
-        if not self.matched or not self._events:
-            return
-        for path in self._files():
-            if not self._events:
-                return  # its event is in the part of the log not read yet
-            event = self._events.pop(0)
-            self._read.add(path.name)
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-            counts = _entry_counts(lines[0] if lines else "")
-            if event.inputs is not None and counts is not None and counts != (
-                    event.inputs, event.outputs):
-                self.matched = False
-                return
-            self.graphs.setdefault(event.graph_hash, parse_graph(lines))
+    def read_new(self) -> None:
+        for path in self.files():
+            with open(path, "rb") as stream:
+                stream.seek(self._offsets.get(path, 0))
+                data = stream.read()
+            end = data.rfind(b"\n") + 1
+            self._offsets[path] = self._offsets.get(path, 0) + end
+            for line in data[:end].decode("utf-8", "replace").splitlines():
+                self._feed(line)
 
-    def _files(self) -> list[Path]:
-        found = [p for p in self.folder.glob("module_*.before_optimizations.txt")
-                 if p.name not in self._read]
-        return sorted(found, key=lambda p: int(_MODULE_NUMBER.match(p.name)[1]))
+    def _feed(self, line: str) -> None:
+        if line.startswith("## BEGIN_GRAPH"):
+            self._pending = []
+        elif line.startswith("Graph Hash:"):
+            graph_hash = line.partition(":")[2].strip()
+            if graph_hash not in self.graphs:  # steady state: the same graph again, skipped
+                self.graphs[graph_hash] = parse_graph(self._pending)
+            self._pending = []
+        else:
+            self._pending.append(line)
 
     def remove(self) -> None:
-        """The dump folder (tpukit's own temporary one) and everything XLA wrote there."""
-        import shutil
-
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-_MODULE_NUMBER = re.compile(r"module_(\d+)\.")
-
-
-def _entry_counts(header: str) -> tuple[int, int] | None:
-    """(parameters, results) of `HloModule ..., entry_computation_layout={(A, B)->(C, D)}`."""
-    match = re.search(r"entry_computation_layout=\{\((.*)\)->(.*)\}", header)
-    if match is None:
-        return None
-    params, result = match[1], match[2]
-    if result.startswith("(") and result.endswith(")"):
-        result = result[1:-1]
-    return len(_top_level(params)), len(_top_level(result))
-
-
-def _top_level(text: str) -> list[str]:
-    parts, depth, current = [], 0, ""
-    for char in text:
-        depth += {"{": 1, "[": 1, "(": 1, "}": -1, "]": -1, ")": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    return [p for p in parts + [current] if p.strip()]
+        """The dump files and their folder (tpukit's own temporary one)."""
+        for path in self.files():
+            path.unlink(missing_ok=True)
+        try:
+            self.base.parent.rmdir()
+        except OSError:  # not empty: something else wrote there; leave it
+            pass
 
 
 @dataclass
@@ -176,12 +122,8 @@ class Difference:
 
 def diff_graphs(before: list[Op], after: list[Op], is_user_file) -> Difference | None:
     """The first difference between two graphs at a user's line (else the first at all):
-    an instruction whose attributes or shape changed, or one present in one graph only.
-    A graph compiled while IR debug was off has no source lines: then instructions are
-    matched by opcode alone, and the line is the other graph's."""
-    sourced = any(o.path for o in before) and any(o.path for o in after)
-    key = (lambda o: o.key) if sourced else (lambda o: o.op)
-    matcher = difflib.SequenceMatcher(None, [key(o) for o in before], [key(o) for o in after],
+    an instruction whose attributes or shape changed, or one present in one graph only."""
+    matcher = difflib.SequenceMatcher(None, [o.key for o in before], [o.key for o in after],
                                       autojunk=False)
     found: list[Difference] = []
     for tag, a0, a1, b0, b1 in matcher.get_opcodes():
@@ -215,8 +157,7 @@ def _changed(old: Op, new: Op) -> Difference:
     else:
         a, b = _differing_part(old.detail, new.detail)
         what = f"`{new.op}` {a} -> {b}"
-    where = new if new.path else old
-    return Difference(what, where.path, where.line, new.op, "changed")
+    return Difference(what, new.path, new.line, new.op, "changed")
 
 
 def _differing_part(a: str, b: str) -> tuple[str, str]:

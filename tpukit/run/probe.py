@@ -63,7 +63,7 @@ class Probe:
         self._trace_next = True
         self._tracer = None
         self.launches: list[dict] = []  # launches run in this process (torch_xla.launch, ...)
-        self.graph_dump = None  # a graphs.CompileDump (not with --no-explain-graphs)
+        self.graph_dump = None  # a graphs.GraphDump with --explain-graphs
 
     @property
     def models(self) -> set[str]:
@@ -108,12 +108,11 @@ class Probe:
         now = time.perf_counter()
         counters = self.counters.snapshot()
         step = self.current
-        new = self.log.read_new() if self.log else []
-        for event in new:
+        for event in self.log.read_new() if self.log else []:
             event.step = step.index
             step.graphs.append(event)
-        if self.graph_dump is not None:  # a step's worth at a time: the dump grows per compile
-            self.graph_dump.read_new([e for e in new if e.kind == "compile"])
+        if self.graph_dump is not None:  # a step's worth at a time: the dump grows every step
+            self.graph_dump.read_new()
         base: Counters = self._base
         # The debug log names each launch in the step that made it; torch_xla's counter ticks
         # when a graph finishes, which can be after the next step started.
@@ -153,10 +152,6 @@ class Probe:
         self.current = Step(step.index + 1, time.perf_counter())
         self._begin(step.index + 1)
         self._arm_tracer()
-        if self.graph_dump is not None:
-            self.graph_dump.ir_debug.next_step(
-                step.index + 1, compiled=step.compiles > 0 or any(
-                    g.kind == "compile" for g in step.graphs), tracing=self._tracer is not None)
         if self.max_steps and sum(s.kind == "train" for s in self.steps) >= self.max_steps:
             self.stopped_early = True
             raise StopRun()
@@ -175,7 +170,7 @@ class Probe:
     def _arm_tracer(self) -> None:
         if not self._trace_next or self._traced_steps >= MAX_TRACED_STEPS:
             return
-        if self.graph_dump is not None and self.graph_dump.ir_debug.always:
+        if self.graph_dump is not None:
             # torch_xla gives each op of the dump one Python frame, the innermost: under the
             # tracer that is the tracer's own, for every op of the step, not the user's line.
             return

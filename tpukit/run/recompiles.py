@@ -1,7 +1,7 @@
 """Recompile attribution (TPU701): each graph compiled after a loop's warm-up, named at the
 user line that materialised it with its cause: the batch or forward input whose shape changed
 (against the last other graph from that line), the data-dependent fallbacks that fed it, a
-long warm-up, a loop with no barrier, or (graphs.py's dump) the first HLO instruction that
+long warm-up, a loop with no barrier, or (--explain-graphs) the first HLO instruction that
 differs (graphs.py)."""
 
 from __future__ import annotations
@@ -19,9 +19,6 @@ from tpukit.run.steps import Step
 from tpukit.run.run_finding import RunFinding, finding
 
 DDP = "DistributedDataParallel"
-# What says what differs in a graph when the run kept no HLO (graphs.py's dump was off).
-NO_DUMP = ("the HLO dump (on unless `--no-explain-graphs`, or XLA_FLAGS already has "
-           "--xla_dump_to, or torch_xla was imported before tpukit run)")
 
 
 @dataclass
@@ -50,7 +47,7 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
                        models: set[str] | None = None,
                        graphs: dict | None = None) -> Recompiles:
     """`models`: the class names of the outermost modules the steps called; `graphs`: the HLO
-    of each graph by hash (graphs.py's dump of compiled graphs), to say what differs when no shape did."""
+    of each graph by hash (--explain-graphs), to say what differs when no shape did."""
     by_index = {s.index: s for s in steps}
     history: list[tuple[tuple[str, int] | None, str, int]] = []  # (line, hash, step) in order
     found = Recompiles([])
@@ -72,8 +69,7 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
                     step, event, by_index.get(previous), per_compile, fallback_lines or {},
                     loops, DDP in (models or ()))
                 where = line or step.boundary_at or (script, 1)
-                if graphs and previous is not None and not extra["changes"] and severity is None \
-                        and not extra.get("data_dependent"):
+                if graphs and previous is not None and not extra["changes"] and severity is None:
                     cause, where = _graph_difference(cause, extra, where, graphs,
                                                      previous_hash, event.graph_hash)
                 if fails_on is None:
@@ -119,7 +115,7 @@ def _signature(f: RunFinding) -> tuple | None:
     if changes:
         what = tuple(sorted((c["name"], tuple(c["dims"]), c["old_dtype"] != c["new_dtype"])
                             for c in changes))
-    elif f.extra.get("graph_diff"):  # the dump: the same instruction differs each time
+    elif f.extra.get("graph_diff"):  # --explain-graphs: the same instruction differs each time
         d = f.extra["graph_diff"]
         what = ("graph", d.get("op"), d.get("kind"), d.get("path"), d.get("line"))
     else:
@@ -232,7 +228,7 @@ def _unbarriered(step: Step, graphs: dict, script: str, steps: list[Step]) -> li
             if last:
                 end = f"after line {last}, the last of the loop's ops, in each iteration"
         elif not graphs:
-            grew = f" ({NO_DUMP} shows whether each graph grows)"
+            grew = " (`--explain-graphs` shows whether each graph grows)"
         message = (f"step {step.index}: XLA compiled {len(hashes)} different graphs from this line "
                    f"within one step ({step.compile_s:.2f} s of compiling in the step){grew}: "
                    "nothing ends the loop's iterations, so each one's graph carries the ops still "
@@ -250,7 +246,7 @@ def _read_cut(step: Step, where, hashes: list[str], reads: list[str], sizes: lis
     at that line: each read runs the graph pending at that point (an f-string of four meters,
     make_grid's float() of a min and a max), not a loop that nothing ends."""
     what = ", ".join(f"`{m}` x{n}" for m, n in Counter(reads).items())
-    check = ("" if explained else f" ({NO_DUMP} tells: a loop without a barrier makes "
+    check = ("" if explained else " (`--explain-graphs` tells: a loop without a barrier makes "
              "each graph bigger than the last)")
     message = (f"step {step.index}: XLA compiled {len(hashes)} different graphs from this line "
                f"within one step ({step.compile_s:.2f} s of compiling in the step), and the line "
@@ -326,14 +322,14 @@ def _recompile(step: Step, event, previous: Step | None, compile_s: float,
         message = (f"; against step {previous.index}'s graph from this line no batch or "
                    "forward input changed shape or dtype, so the graph itself changed")
         if dynamic:
-            extra["data_dependent"] = dynamic  # the cause: no graph diff needed
             message += (f". This step ran ops whose output size depends on the data on the CPU "
                         f"({dynamic}): their results enter the graph with a new size whenever the "
                         "data changes. Fix: give them fixed shapes (see TPU702)")
         else:
             message += (": look for Python numbers that vary per step (a float in tensor math, a "
                         "step-dependent branch, an `.item()` fed back into tensors) and make them "
-                        f"tensors; {NO_DUMP} names the instruction and the line that differ")
+                        "tensors; `tpukit run --explain-graphs` names the instruction and the "
+                        "line that differ")
         return None, "recompile", message, extra
     what = "; ".join(describe(c) for c in changes)
     message = f"; changed since step {previous.index}: {what}. Fix: {_shape_fix(changes)}"
