@@ -7,6 +7,7 @@ prints the medians of:
   the compile-time noise (on XLA:CPU one compile of the same graph varies by seconds between
   runs) and leaves what tpukit's probe adds per step;
 - the XLA compile time itself (tpukit turns on PT_XLA_DEBUG_LEVEL=2 analysis).
+The `explain` rows run `tpukit run --explain-graphs` (the graph-diff mode), for its cost.
 The python side runs under benchmarks/xla_metrics_runner.py (runpy, then one read of
 torch_xla's metrics at the end) to get its compile time.
 
@@ -49,10 +50,11 @@ def plain(script: Path, args: list[str], cwd: str) -> tuple[float, float, float]
     return wall, metrics["wall_s"] - metrics["compile_s"], metrics["compile_s"]
 
 
-def probed(script: Path, args: list[str], cwd: str) -> tuple[float, float, float]:
+def probed(script: Path, args: list[str], cwd: str, options: tuple[str, ...] = ()
+           ) -> tuple[float, float, float]:
     report = Path(cwd) / "run.json"
     wall, _ = timed([str(Path(sys.executable).with_name("tpukit")), "run", "--json", str(report),
-                     str(script), *args], cwd)
+                     *options, str(script), *args], cwd)
     summary = json.loads(report.read_text())["summary"]
     return wall, summary["wall_s"] - summary["compile_s"], summary["compile_s"]
 
@@ -68,21 +70,27 @@ def main() -> None:
     script_args = list(tomllib.loads((folder / "fixture.toml").read_text()).get("args", []))
     if "--steps" in script_args:
         script_args[script_args.index("--steps") + 1] = str(args.steps)
-    python_runs, tpukit_runs = [], []
+    # tpukit as a user runs it, and the diagnosis mode (--explain-graphs: every graph's HLO
+    # dumped, with each op's line), to show what graph diffs cost.
+    variants = {"tpukit": (), "explain": ("--explain-graphs",)}
+    python_runs, runs = [], {name: [] for name in variants}
     with tempfile.TemporaryDirectory() as out:
         extra = ["--out", out] if "--out" in script.read_text() else []
         for _ in range(args.repeat):
             python_runs.append(plain(script, [*script_args, *extra], out))
-            tpukit_runs.append(probed(script, [*script_args, *extra], out))
+            for name, options in variants.items():
+                runs[name].append(probed(script, [*script_args, *extra], out, options))
     print(f"fixture {args.fixture} ({' '.join(script_args)}), {args.repeat} runs each, "
           f"interleaved; PJRT_DEVICE={os.environ.get('PJRT_DEVICE', 'CPU')}")
     for i, label in enumerate(("process wall s", "run - compile s", "compile s")):
         p = statistics.median(r[i] for r in python_runs)
-        t = statistics.median(r[i] for r in tpukit_runs)
         print(f"{label:16} python median {p:7.2f} ({' '.join(f'{r[i]:.2f}' for r in python_runs)})")
-        print(f"{'':16} tpukit median {t:7.2f} ({' '.join(f'{r[i]:.2f}' for r in tpukit_runs)})")
-        verdict = f" (target <= {TARGET}) -> {'OK' if t / p <= TARGET else 'OVER'}" if i == 0 else ""
-        print(f"{'':16} ratio tpukit/python {t / p:.3f}{verdict}")
+        for name, results in runs.items():
+            t = statistics.median(r[i] for r in results)
+            print(f"{'':16} {name:7} median {t:7.2f} ({' '.join(f'{r[i]:.2f}' for r in results)})")
+            target = i == 0 and name == "tpukit"
+            verdict = f" (target <= {TARGET}) -> {'OK' if t / p <= TARGET else 'OVER'}" if target else ""
+            print(f"{'':16} ratio {name}/python {t / p:.3f}{verdict}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -138,6 +137,20 @@ def test_recompiles_from_data_dependent_shapes_point_at_the_fallbacks(fallback_r
     for finding in by_code(report, "TPU701"):
         assert not finding["extra"]["changes"]
         assert "aten::nonzero" in finding["message"]
+
+
+def test_with_graph_diffs_data_dependent_recompiles_keep_their_cause(tmp_path):
+    """The cause is known (sizes from CPU fallbacks): a diff of the two graphs would name
+    a constant that is only the symptom, and its fix would be the wrong one."""
+    out = tmp_path / "report.json"
+    proc = subprocess.run(
+        [tpukit_executable(), "run", "--json", str(out), "--explain-graphs",
+         str(RUN / "fallback_sync.py"), "--steps", "8"],
+        env={**os.environ, "NO_COLOR": "1", **CPU}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    found = by_code(json.loads(out.read_text()), "TPU701")
+    assert found and all("aten::nonzero" in f["message"] and "graph_diff" not in f["extra"]
+                         for f in found)
 
 
 def test_github_format_goes_to_stdout_after_the_script(fallback_run):
@@ -283,9 +296,11 @@ def test_without_an_optimizer_every_barrier_ends_a_step(tmp_path):
 
 def _slice_run(tmp_path, *options) -> list[dict]:
     out = tmp_path / "report.json"
+    (tmp_path / "tmp").mkdir(exist_ok=True)  # the run's own temporary folder: its dump goes there
     proc = subprocess.run([tpukit_executable(), "run", "--json", str(out), *options,
                            str(RUN / "slice_offset.py"), "--steps", "6"],
-                          env={**os.environ, "NO_COLOR": "1", **CPU}, capture_output=True,
+                          env={**os.environ, "NO_COLOR": "1", **CPU,
+                               "TMPDIR": str(tmp_path / "tmp")}, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return by_code(json.loads(out.read_text()), "TPU701")
@@ -293,7 +308,6 @@ def _slice_run(tmp_path, *options) -> list[dict]:
 
 def test_explain_graphs_names_the_slice_and_its_line_when_no_shape_changed(tmp_path):
     slice_line = line_of(RUN / "slice_offset.py", "chunk = corpus[i:i + bptt]")
-    dumps = set(Path(tempfile.gettempdir()).glob("tpukit-graphs-*"))
     found = _slice_run(tmp_path, "--explain-graphs")
     first = min(found, key=lambda f: f["extra"]["step"])
     assert first["line"] == slice_line  # the slicing line, not the barrier's
@@ -305,7 +319,7 @@ def test_explain_graphs_names_the_slice_and_its_line_when_no_shape_changed(tmp_p
     # the same fix as migrate's TPU505, for this line's own slice (one compile for every offset)
     assert ("corpus.index_select(0, torch.arange(corpus.size(0))[i:i + bptt].to(corpus.device))"
             in first["message"])
-    assert set(Path(tempfile.gettempdir()).glob("tpukit-graphs-*")) <= dumps  # dump removed
+    assert not list((tmp_path / "tmp").glob("tpukit-graphs-*"))  # the dump is removed
 
 
 def test_without_explain_graphs_the_finding_says_how_to_get_the_difference(tmp_path):

@@ -69,7 +69,8 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
                     step, event, by_index.get(previous), per_compile, fallback_lines or {},
                     loops, DDP in (models or ()))
                 where = line or step.boundary_at or (script, 1)
-                if graphs and previous is not None and not extra["changes"] and severity is None:
+                if graphs and previous is not None and not extra["changes"] and severity is None \
+                        and not extra.get("data_dependent"):
                     cause, where = _graph_difference(cause, extra, where, graphs,
                                                      previous_hash, event.graph_hash)
                 if fails_on is None:
@@ -322,6 +323,7 @@ def _recompile(step: Step, event, previous: Step | None, compile_s: float,
         message = (f"; against step {previous.index}'s graph from this line no batch or "
                    "forward input changed shape or dtype, so the graph itself changed")
         if dynamic:
+            extra["data_dependent"] = dynamic  # the cause: no graph diff needed
             message += (f". This step ran ops whose output size depends on the data on the CPU "
                         f"({dynamic}): their results enter the graph with a new size whenever the "
                         "data changes. Fix: give them fixed shapes (see TPU702)")
