@@ -18,6 +18,7 @@ import libcst as cst
 
 from tpukit.findings import FixKind
 from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string, string_value
+from tpukit.migrate.nodes import first
 from tpukit.rules import load_rules
 
 
@@ -73,21 +74,12 @@ _OTHER_GPUS = ("torch.xpu", "torch.mps", "torch.backends.mps", "torch.mtia", "to
 
 
 def _other_vendor(ctx: MigrationContext, test: cst.BaseExpression) -> str | None:
-    finder = _OtherVendor(ctx)
-    test.visit(finder)
-    return finder.found
+    def vendor(node: cst.CSTNode) -> str | None:
+        name = ctx.qualify(node) if isinstance(node, cst.Attribute) else None
+        hit = name and any(name == m or name.startswith(m + ".") for m in _OTHER_GPUS)
+        return ctx.short(node) if hit else None
 
-
-class _OtherVendor(cst.CSTVisitor):
-    def __init__(self, ctx: MigrationContext) -> None:
-        self.ctx = ctx
-        self.found: str | None = None
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        name = self.ctx.qualify(node) or ""
-        if self.found is None and any(name == m or name.startswith(m + ".") for m in _OTHER_GPUS):
-            self.found = self.ctx.short(node)
-        return self.found is None
+    return first(test, vendor)
 
 
 def restore_after(ctx: MigrationContext, block: cst.IndentedBlock | cst.Module):
@@ -199,9 +191,8 @@ class _FlagReaders(cst.CSTVisitor):
         self.found: str | None = None
 
     def _reads(self, test: cst.BaseExpression) -> bool:
-        reads = _Reads(self.name)
-        test.visit(reads)
-        return reads.hit
+        return bool(first(test, lambda n: (isinstance(n, cst.Name) and n.value == self.name) or (
+            isinstance(n, cst.Attribute) and n.attr.value == self.name)))
 
     def visit_If(self, node: cst.If | cst.IfExp) -> bool:
         if self.found is None and self._reads(node.test):
@@ -217,18 +208,6 @@ class _FlagReaders(cst.CSTVisitor):
         return self.found is None
 
     visit_IfExp = visit_If
-
-
-class _Reads(cst.CSTVisitor):
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.hit = False
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.hit = self.hit or node.value == self.name
-
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        self.hit = self.hit or node.attr.value == self.name
 
 
 def _unported_cuda(ctx: MigrationContext, node: cst.CSTNode) -> str | None:

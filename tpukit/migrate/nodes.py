@@ -117,3 +117,23 @@ def terminal_name(expr: cst.BaseExpression) -> str:
     if isinstance(expr, cst.Attribute):
         return expr.attr.value
     return ""
+
+
+def first(node: cst.CSTNode, test):
+    """The first truthy `test(n)` over `node` and what it contains (in source order), or
+    None; the walk stops at the first."""
+    finder = _First(test)
+    node.visit(finder)
+    return finder.found
+
+
+class _First(cst.CSTVisitor):
+    def __init__(self, test) -> None:
+        self.test = test
+        self.found = None
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.found is not None:
+            return False
+        self.found = self.test(node) or None
+        return self.found is None

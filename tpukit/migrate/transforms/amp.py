@@ -21,6 +21,7 @@ from tpukit.migrate.context import (
     terminal_name,
     with_commas,
 )
+from tpukit.migrate.nodes import first
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
 
 CUDA_AUTOCAST = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
@@ -165,18 +166,8 @@ def _under_fp16_test(source: str, offset: int) -> bool:
 
 def _enters_autocast(ctx) -> bool:
     """Does this file enter an autocast (torch.autocast, torch.cuda.amp.autocast, ...)?"""
-    finder = _AutocastCalls(ctx)
-    ctx.module.visit(finder)
-    return finder.found
-
-
-class _AutocastCalls(cst.CSTVisitor):
-    def __init__(self, ctx) -> None:
-        self.ctx = ctx
-        self.found = False
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.found = self.found or self.ctx.qualify(node.func) in CUDA_AUTOCAST | DEVICE_AUTOCAST
+    return bool(first(ctx.module, lambda n: isinstance(n, cst.Call) and ctx.qualify(n.func)
+                      in CUDA_AUTOCAST | DEVICE_AUTOCAST))
 
 
 @transform("TPU203")

@@ -25,6 +25,7 @@ from tpukit.migrate.context import (
     with_commas,
     with_string,
 )
+from tpukit.migrate.nodes import first
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
 from tpukit.migrate.transforms.ddp_inputs import ForwardInputs
 from tpukit.migrate.transforms.devices import AVAILABILITY
@@ -279,25 +280,17 @@ class ProcessGroup(Transform):
 def _ported_group_call(ctx) -> bool:
     """Does this file call init_process_group in a form TPU401 rewrites to "xla://" (a CUDA
     or CPU backend written out, or none; no store of its own, no splat)?"""
-    finder = _GroupCalls(ctx)
-    ctx.module.visit(finder)
-    return finder.found
-
-
-class _GroupCalls(cst.CSTVisitor):
-    def __init__(self, ctx) -> None:
-        self.ctx = ctx
-        self.found = False
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if self.found or self.ctx.qualify(node.func) != INIT_PROCESS_GROUP:
-            return
+    def ported(node: cst.CSTNode) -> bool:
+        if not isinstance(node, cst.Call) or ctx.qualify(node.func) != INIT_PROCESS_GROUP:
+            return False
         if any(a.star for a in node.args) or find_keyword(node, "store") is not None:
-            return
+            return False
         plain = plain_positional(node)
         backend = plain[0] if plain and node.args[0] is plain[0] else find_keyword(node, "backend")
         written = string_value(backend.value) if backend is not None else None
-        self.found = written is None or bool(_CUDA_OR_CPU_BACKEND.search(written))
+        return written is None or bool(_CUDA_OR_CPU_BACKEND.search(written))
+
+    return bool(first(ctx.module, ported))
 
 
 # An availability test as the user wrote it, or as TPU110 wrote it (`bool(xr.device_type())`):
