@@ -868,3 +868,17 @@ def test_rendezvous_settings_for_a_group_made_elsewhere_stay():
                     .replace("import os\n", "import os\n    import torch\n"))
     code = [line for line in made_here.splitlines() if not line.strip().startswith("#")]
     assert not any("MASTER_ADDR" in line for line in code)  # this file's group is xla://
+
+
+def test_a_name_from_a_numpy_helper_gets_no_tensor_method():
+    """transformers' mobilenet_v2 image processor: `label = to_numpy_array(label)` then
+    `label[label == 0] = 255`: an ndarray has no masked_fill_."""
+    new = out("""
+    import torch
+    def reduce_label(label):
+        x = torch.zeros(2).cuda()
+        label = to_numpy_array(label)
+        label[label == 0] = 255
+        return label
+    """)
+    assert "label[label == 0] = 255\n" in new and "masked_fill_" not in new

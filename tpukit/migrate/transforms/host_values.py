@@ -4,7 +4,8 @@ tensor method (`masked_fill_`, `index_select`) must not touch them.
 `mm = np.zeros_like(ids); mm[ids == k] = 1` is NumPy (transformers' processors), and
 `buff = buff.cpu().numpy(); buff[a:b]` slices an array (deepspeed's data analyzer): a name
 bound anywhere in the same function (or at module level) to a NumPy call or to `.numpy()`,
-`.tolist()`, `.item()` is not known to be a tensor there.
+`.tolist()`, `.item()`, or to a helper named for NumPy (`to_numpy_array`) is not known to be
+a tensor there.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ def _host_value(ctx, value: cst.BaseExpression | None) -> bool:
     if isinstance(func, cst.Attribute) and func.attr.value in HOST_METHODS:
         return True
     name = ctx.qualify(func) or ""
-    return name == "numpy" or name.startswith("numpy.")
+    if name == "numpy" or name.startswith("numpy."):
+        return True
+    # a helper named for what it returns: transformers' `to_numpy_array(label)`
+    own = func.attr.value if isinstance(func, cst.Attribute) else (
+        func.value if isinstance(func, cst.Name) else "")
+    return "numpy" in own.lower() or "ndarray" in own.lower()
 
 
 class _HostNames(cst.CSTVisitor):
