@@ -882,3 +882,25 @@ def test_a_name_from_a_numpy_helper_gets_no_tensor_method():
         return label
     """)
     assert "label[label == 0] = 255\n" in new and "masked_fill_" not in new
+
+
+def test_a_gpu_count_is_not_the_xla_device_count():
+    """transformers' SageMaker args: `self._n_gpu = torch.cuda.device_count()` became every
+    chip of the host in one TPU process: the batch times 4-8 and a DataParallel on one chip.
+    Next to a launch (`ngpus_per_node`, the ImageNet example) it is still the launch's count."""
+    result = migrate("""
+    import torch
+    class Args:
+        def _setup_devices(self):
+            self._n_gpu = torch.cuda.device_count()
+    """)
+    [finding] = result.findings
+    assert not finding.applied and "not the XLA device count" in finding.message
+    launch = out("""
+    import torch
+    import torch.multiprocessing as mp
+    def main():
+        ngpus_per_node = torch.cuda.device_count()
+        mp.spawn(main_worker, nprocs=ngpus_per_node)
+    """)
+    assert "ngpus_per_node = _xla_launch_process_count()" in launch

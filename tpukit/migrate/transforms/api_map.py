@@ -16,6 +16,8 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
   as_type     the `replace` template where only the value's `.type` is read
               (`current_accelerator().type`: the string "xla", which starts nothing;
               `as_type_note`: its note)
+  gpu_count   no rewrite where the value is stored in a name that says gpu (`n_gpu`): the
+              finding's message (a GPU count drives DataParallel and batch scaling)
   before_launch  the `replace` template to use instead in a launcher's scope (the function or
               top level that calls mp.spawn / torch_xla.launch), where the XLA runtime must
               not be initialised yet (`before_launch_note`: its note, `before_launch_helper`:
@@ -174,6 +176,10 @@ class CallMap(Transform):
             template = entry["before_launch"]
             entry = {**entry, "note": entry.get("before_launch_note", entry.get("note")),
                      "helper": entry.get("before_launch_helper")}
+        elif "gpu_count" in entry and any("gpu" in n.lower() for n in (
+                self.ctx.assign_targets[-1] if self.ctx.assign_targets else ())):
+            self._manual(node, entry["gpu_count"])  # `self._n_gpu = ...`: DataParallel's count
+            return None
         elif self.ctx.at_import_time() and STARTS_RUNTIME.search(template):
             if "before_launch" in entry:  # what runs before torch_xla.launch runs here too
                 template = entry["before_launch"]
