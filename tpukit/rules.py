@@ -43,8 +43,9 @@ _TARGET_KEYS = frozenset({
 # `[targets.T.calls."torch.cuda.x"]`: one mapped call.
 _CALL_KEYS = frozenset({
     "as_device", "as_device_note", "as_type", "as_type_note", "before_launch",
-    "before_launch_helper", "before_launch_note", "gpu_count", "helper", "instead", "note",
-    "otherwise", "remove", "replace", "statements", "value_ok", "when",
+    "before_launch_helper", "before_launch_note", "file_lacks", "gpu_count", "helper", "instead",
+    "lacking_note", "lacking_statements", "note", "otherwise", "remove", "replace", "statements",
+    "value_ok", "when",
 })
 # Tables whose keys are names (of messages, modules, variables), each mapped to a string.
 _NAME_TABLES = ("messages", "moved", "internal", "env")

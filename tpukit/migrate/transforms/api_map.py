@@ -10,6 +10,9 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
   value_ok    a `statements`/`remove` entry whose call, used as a value, is right as it is
               (`with torch.tpu.set_eager_mode(m):` is the context manager's own use)
   when        a regular expression the call's source must match for the entry to apply
+  file_lacks  a regular expression; where the file does not match it, `lacking_statements`
+              (and `lacking_note`) are used instead of `statements` (`{call}`: the call's
+              code, `{owner}`: what its function is an attribute of)
   otherwise   the finding's message for a call `when` does not match (no rewrite)
   as_device   the `replace` template where the call's value is used as a device (`.to(...)`,
               `device=`, `map_location=`, a `device_map` dict; `as_device_note`: its note)
@@ -71,7 +74,10 @@ class CallMap(Transform):
     def _format(self, template: str, call: cst.Call) -> str:
         positional = [self.ctx.code(a.value) for a in call.args if a.keyword is None]
         everything = ", ".join(self.ctx.code(a).rstrip(", ") for a in call.args)
-        return template.format(*positional, args=everything)
+        owner = (self.ctx.code(call.func.value) if isinstance(call.func, cst.Attribute)
+                 else (self.ctx.qualify(call.func) or "").rpartition(".")[0])
+        return template.format(*positional, args=everything, call=self.ctx.code(call),
+                               owner=owner)
 
     def visit_Expr(self, node: cst.Expr):
         name, entry = self._entry(node.value)
@@ -85,7 +91,11 @@ class CallMap(Transform):
                 lambda: StatementPlan([], note),
             )
         else:
-            texts = [self._format(t, call) for t in entry["statements"]]
+            statements = entry["statements"]
+            if "file_lacks" in entry and not re.search(entry["file_lacks"], self.ctx.source):
+                statements = entry["lacking_statements"]
+                entry = {**entry, "note": entry.get("lacking_note", entry.get("note"))}
+            texts = [self._format(t, call) for t in statements]
             plan = self.fix_or_report(
                 call, self._describe(call, "; ".join(texts), entry),
                 lambda: StatementPlan([self.ctx.statement(t) for t in texts]),
