@@ -18,7 +18,7 @@ import libcst as cst
 
 from tpukit.findings import FixKind
 from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string, string_value
-from tpukit.migrate.nodes import first
+from tpukit.migrate.nodes import first, terminal_name
 from tpukit.rules import load_rules
 
 
@@ -236,10 +236,7 @@ class _UnportedCuda(cst.CSTVisitor):
             self.found = f"{node.keyword.value}="  # cpp_extension.load(with_cuda=...)
             return False
         if isinstance(node, (cst.Import, cst.ImportFrom)):
-            names = [dotted(node.module) or ""] if isinstance(node, cst.ImportFrom) else []
-            if not isinstance(node, cst.ImportFrom) or not isinstance(node.names, cst.ImportStar):
-                names += [dotted(a.name) or "" for a in node.names]
-            hit = next((n for n in names if "cuda" in n.lower() or _cuda_only(n)), None)
+            hit = next((n for n in _imported(node) if "cuda" in n.lower() or _cuda_only(n)), None)
             if hit is not None:
                 self.found = f"import {hit}"  # `from torch.utils.cpp_extension import CUDAExtension`
             return False
@@ -347,9 +344,7 @@ def _is_device_index(node: cst.Assign) -> bool:
     value = string_value(node.value) if isinstance(node.value, cst.SimpleString) else None
     if value is None or not _INDEX.match(value):
         return False
-    names = [t.target.attr.value if isinstance(t.target, cst.Attribute) else
-             t.target.value if isinstance(t.target, cst.Name) else "" for t in node.targets]
-    return any("device" in n.lower() for n in names)
+    return any("device" in terminal_name(t.target).lower() for t in node.targets)
 _CUDA_WORD = re.compile(r"(?:cuda|nccl)\Z", re.I)  # BNB_BACKEND = "CUDA", backend = "nccl"
 
 
@@ -373,8 +368,7 @@ def cuda_only_function(node: cst.FunctionDef) -> str | None:
                        and not small.relative else [dotted(a.name) or "" for a in small.names]
                        if isinstance(small, cst.Import) else [])
             for module in modules:
-                if _cuda_only(module) or any(module == m or module.startswith(m + ".")
-                                             for m in _CUDA_ONLY_EXTRA):
+                if _cuda_library(module):
                     return f"`{node.name.value}` imports {module}, a CUDA-only library"
     return None
 
@@ -383,21 +377,29 @@ def cuda_only_try(node: cst.Try) -> str | None:
     """Why a `try:` block is CUDA-only code: it starts by importing a CUDA extension or a
     CUDA-only library (fairscale's `try: from fairscale import fused_adam_cuda` around its
     FusedAdam, which an ImportError hides where there is no CUDA), or None."""
-    first = node.body.body[0] if isinstance(node.body, cst.IndentedBlock) and node.body.body \
+    opening = node.body.body[0] if isinstance(node.body, cst.IndentedBlock) and node.body.body \
         else None
-    imports = first.body if isinstance(first, cst.SimpleStatementLine) else ()
+    imports = opening.body if isinstance(opening, cst.SimpleStatementLine) else ()
     for small in imports:
-        if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
-            names = [dotted(small.module) or ""] + [dotted(a.name) or "" for a in small.names]
-        elif isinstance(small, cst.Import):
-            names = [dotted(a.name) or "" for a in small.names]
-        else:
+        if not isinstance(small, (cst.Import, cst.ImportFrom)):
             continue
-        for name in names:
-            if "cuda" in name.lower() or _cuda_only(name) or any(
-                    name == m or name.startswith(m + ".") for m in _CUDA_ONLY_EXTRA):
+        for name in _imported(small):
+            if "cuda" in name.lower() or _cuda_library(name):
                 return f"the `try` block imports {name}, which needs CUDA"
     return None
+
+
+def _imported(node: cst.Import | cst.ImportFrom) -> list[str]:
+    """What an import names: its module (from-imports) and each name it binds (not `*`)."""
+    names = [dotted(node.module) or ""] if isinstance(node, cst.ImportFrom) else []
+    if not isinstance(node.names, cst.ImportStar):
+        names += [dotted(a.name) or "" for a in node.names]
+    return names
+
+
+def _cuda_library(name: str) -> bool:
+    """A module only a CUDA machine has: a TPU9xx rule's, or TensorRT, pycuda, numba.cuda."""
+    return _cuda_only(name) or any(name == m or name.startswith(m + ".") for m in _CUDA_ONLY_EXTRA)
 
 
 def _cuda_only(name: str) -> bool:

@@ -74,6 +74,8 @@ class CallMap(Transform):
     def _format(self, template: str, call: cst.Call) -> str:
         positional = [self.ctx.code(a.value) for a in call.args if a.keyword is None]
         everything = ", ".join(self.ctx.code(a).rstrip(", ") for a in call.args)
+        if "{call}" not in template and "{owner}" not in template:
+            return template.format(*positional, args=everything)
         owner = (self.ctx.code(call.func.value) if isinstance(call.func, cst.Attribute)
                  else (self.ctx.qualify(call.func) or "").rpartition(".")[0])
         return template.format(*positional, args=everything, call=self.ctx.code(call),

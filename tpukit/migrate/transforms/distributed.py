@@ -99,9 +99,7 @@ class ProcessGroup(Transform):
                 lambda: self.ctx.expr(f'"{backend}"'))
         if name != INIT_PROCESS_GROUP:
             return None
-        plain = plain_positional(node)
-        backend = plain[0] if plain and node.args[0] is plain[0] else find_keyword(node, "backend")
-        written = string_value(backend.value) if backend is not None else None
+        backend, written = _backend_of(node)
         if written is not None and not _CUDA_OR_CPU_BACKEND.search(written):
             return None  # "xla", "tpu_dist"; another vendor's ("hccl", "cncl"): not CUDA's
         store = find_keyword(node, "store")
@@ -277,6 +275,14 @@ class ProcessGroup(Transform):
                                       "MASTER_ADDR/MASTER_PORT"))
 
 
+def _backend_of(call: cst.Call) -> tuple[cst.Arg | None, str | None]:
+    """init_process_group's backend argument (first positional or `backend=`), and its
+    value where it is a string literal."""
+    plain = plain_positional(call)
+    backend = plain[0] if plain and call.args[0] is plain[0] else find_keyword(call, "backend")
+    return backend, string_value(backend.value) if backend is not None else None
+
+
 def _ported_group_call(ctx) -> bool:
     """Does this file call init_process_group in a form TPU401 rewrites to "xla://" (a CUDA
     or CPU backend written out, or none; no store of its own, no splat)?"""
@@ -285,9 +291,7 @@ def _ported_group_call(ctx) -> bool:
             return False
         if any(a.star for a in node.args) or find_keyword(node, "store") is not None:
             return False
-        plain = plain_positional(node)
-        backend = plain[0] if plain and node.args[0] is plain[0] else find_keyword(node, "backend")
-        written = string_value(backend.value) if backend is not None else None
+        _, written = _backend_of(node)
         return written is None or bool(_CUDA_OR_CPU_BACKEND.search(written))
 
     return bool(first(ctx.module, ported))
@@ -541,8 +545,12 @@ class TorchrunRanks(Transform):
         if dotted(node.func) == "int" and len(node.args) == 1:
             key, has_default = env_key(self.ctx, node.args[0].value)
             if key in self.mapping.get("env", {}) and not has_default:
-                if self._own_rendezvous() or self._other_launcher():
-                    return None  # the environment's numbers feed the script's own store
+                # The function meets through its own `store=` (TPU401 leaves that group as it
+                # is), or reads another launcher's numbers (mpirun's OMPI_*, SLURM's, PMI's:
+                # deepspeed's mpi_discovery; xr.world_size() is 1 outside torch_xla's launch):
+                # its RANK / WORLD_SIZE are that launcher's, not torch_xla's.
+                if self._scope_says(_OWN_STORE) or self._scope_says(_OTHER_LAUNCHER):
+                    return None
                 if id(node) in self.device_values:
                     return self._rank_device(node, node, is_to=False)
                 return self._replace(node, key)
@@ -556,19 +564,10 @@ class TorchrunRanks(Transform):
                 return self._rank_device(node, value, is_to)
         return None
 
-    def _own_rendezvous(self) -> bool:
-        """Does the enclosing function meet through its own `store=` (TPU401 leaves that
-        group as it is)? Its RANK / WORLD_SIZE then stay the launcher's, not torch_xla's."""
+    def _scope_says(self, pattern: re.Pattern) -> bool:
+        """Does the enclosing function (or the module's text) match `pattern`?"""
         scope = self.ctx.functions[-1] if self.ctx.functions else None
-        return self.ctx.memo(("own_store", id(scope)), lambda: bool(_OWN_STORE.search(
-            self.ctx.code(scope) if scope is not None else self.ctx.source)))
-
-    def _other_launcher(self) -> bool:
-        """Does the enclosing function read another launcher's numbers (mpirun's OMPI_*,
-        SLURM's, PMI's: deepspeed's mpi_discovery)? Its RANK / WORLD_SIZE are that launcher's,
-        which torch_xla does not know (xr.world_size() is 1 outside its own launch)."""
-        scope = self.ctx.functions[-1] if self.ctx.functions else None
-        return self.ctx.memo(("other_launcher", id(scope)), lambda: bool(_OTHER_LAUNCHER.search(
+        return self.ctx.memo((pattern.pattern, id(scope)), lambda: bool(pattern.search(
             self.ctx.code(scope) if scope is not None else self.ctx.source)))
 
     def _replace(self, node: cst.Call, key: str):
