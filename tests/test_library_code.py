@@ -143,6 +143,27 @@ def test_a_negated_guard_looks_at_its_else_branch():
     assert "if torch.cuda.is_available() else None" in cond
 
 
+@pytest.mark.parametrize("after,rewritten", [
+    # fairscale's pipe: fork_rng asks torch.cuda for every device in the list by default
+    ("with torch.random.fork_rng(gpu_devices):\n        yield", False),
+    ("with fork_rng(gpu_devices):\n        yield", False),
+    ("with torch.random.fork_rng(gpu_devices, device_type=device.type):\n        yield", True),
+    ("torch.cuda.comm.broadcast(t, gpu_devices)", False),
+    ("print(len(gpu_devices))", True),
+    ("with torch.random.fork_rng(other):\n        yield", True),
+])
+def test_what_a_guard_fills_is_followed_to_the_calls_after_it(after, rewritten):
+    source = ("import torch\nfrom torch.random import fork_rng\n\n"
+              "def restore(device, t, other):\n    gpu_devices = []\n"
+              "    if device.type == \"cuda\":\n        gpu_devices.append(device)\n"
+              f"    {after}\n")
+    result = migrate(source)
+    assert ('if device.type == "xla":' in result.new_source) is rewritten
+    if not rewritten:
+        guard = next(f for f in result.findings if f.code == "TPU104")
+        assert not guard.applied and "gpu_devices" in guard.message and guard.location.line == 6
+
+
 # -- per-rank saves -----------------------------------------------------------------------
 @pytest.mark.parametrize("save", [
     'torch.save(state, f"rng_state_{rank}.pth")',

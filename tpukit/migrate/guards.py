@@ -51,7 +51,7 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
             # `if not available: return` / `...: pin_memory = False`: the CUDA path is what
             # follows the if, in its block (TorchTPU keeps some CUDA spellings, so there only
             # a guard that leaves the block)
-            deferred.append(key)
+            deferred.append((key, None))
             continue
         # A value chosen by the guard that names a GPU ("-gpu" packages) is CUDA's too; in a
         # statement a string is a message ("batch did not land on the GPU").
@@ -59,6 +59,12 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
             if guarded is not None else None
         if left is not None:
             restore[key] = _put_back(ctx, key, left)
+        elif isinstance(updated, cst.If) and isinstance(guarded, cst.BaseSuite) \
+                and (names := _bound_names(guarded)):
+            # `if device.type == "cuda": gpu_devices.append(device)`, then
+            # `torch.random.fork_rng(gpu_devices)` (fairscale's pipe): what the guarded code
+            # fills is read after the if, in its block
+            deferred.append((key, names))
     if restore:
         updated = updated.with_changes(test=updated.test.visit(_Restore(restore)))
     if deferred:
@@ -88,16 +94,81 @@ def restore_after(ctx: MigrationContext, block: cst.IndentedBlock | cst.Module):
     body = list(block.body)
     changed = False
     for i, stmt in enumerate(body):
-        keys = ctx.guarded_after.pop(id(stmt), None)
-        if not keys:
+        deferred = ctx.guarded_after.pop(id(stmt), None)
+        if not deferred:
             continue
-        left = next((found for rest in body[i + 1:] if (found := residual_cuda(ctx, rest))), None)
-        if left is None:
-            continue
-        restore = {key: _put_back(ctx, key, left, " after it") for key in keys if key in ctx.guards}
-        body[i] = stmt.with_changes(test=stmt.test.visit(_Restore(restore)))
-        changed = True
+        restore = {}
+        for key, names in deferred:
+            if key not in ctx.guards:
+                continue
+            if names is None:
+                left = next(filter(None, (residual_cuda(ctx, rest) for rest in body[i + 1:])), None)
+                where = " after it"
+            else:
+                left, where = next(filter(None, (_cuda_reader(ctx, rest, names)
+                                                 for rest in body[i + 1:])), (None, ""))
+            if left is not None:
+                restore[key] = _put_back(ctx, key, left, where)
+        if restore:
+            body[i] = stmt.with_changes(test=stmt.test.visit(_Restore(restore)))
+            changed = True
     return block.with_changes(body=body) if changed else block
+
+
+# Methods that fill the object they are called on.
+_FILLS = frozenset({"append", "extend", "insert", "add", "update", "setdefault"})
+
+
+def _bound_names(suite: cst.BaseSuite) -> frozenset[str]:
+    """The local names code binds or fills: `x = ...`, `x += ...`, `x[k] = ...`,
+    `x.append(...)`."""
+    names = set()
+
+    def bound(node: cst.CSTNode) -> None:
+        target = None
+        if isinstance(node, cst.AssignTarget) or isinstance(node, (cst.AnnAssign, cst.AugAssign)):
+            target = node.target
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and node.func.attr.value in _FILLS:
+            target = node.func.value
+        if isinstance(target, cst.Subscript):
+            target = target.value
+        if isinstance(target, cst.Name):
+            names.add(target.value)
+
+    first(suite, bound)  # `bound` is never truthy: the walk sees every node
+    return frozenset(names)
+
+
+# Calls whose device type is CUDA unless a keyword says otherwise: given devices filled under
+# a CUDA guard, they ask CUDA for them (`torch.cuda.get_rng_state(xla:0)`).
+_CUDA_BY_DEFAULT = {"torch.random.fork_rng": "device_type"}
+
+
+def _cuda_reader(ctx: MigrationContext, node: cst.CSTNode,
+                 names: frozenset[str]) -> tuple[str, str] | None:
+    """The first call in `node` that is given one of `names` and is CUDA's (its device type
+    defaults to CUDA, or the call is CUDA-only code): (the call, how the name reaches it)."""
+    def reader(call: cst.CSTNode):
+        if not isinstance(call, cst.Call):
+            return None
+        given = next((arg.value.value for arg in call.args
+                      if isinstance(arg.value, cst.Name) and arg.value.value in names), None)
+        if given is None:
+            return None
+        callee = ctx.qualify(call.func) if isinstance(call.func, (cst.Attribute, cst.Name)) else None
+        keyword = _CUDA_BY_DEFAULT.get(callee or "")
+        if keyword is not None and not any(
+                arg.keyword is not None and arg.keyword.value == keyword for arg in call.args):
+            return (ctx.short(call.func),
+                    f" after it: it is given `{given}`, filled under the guard, and its "
+                    f"{keyword} is \"cuda\" unless given")
+        left = residual_cuda(ctx, call)
+        if left is not None:
+            return left, f" after it: it is given `{given}`, filled under the guard"
+        return None
+
+    return first(node, reader)
 
 
 def restore_loop(ctx: MigrationContext, updated: cst.For):

@@ -70,7 +70,9 @@ class EditSink:
         self.handled: set[int] = set()  # id() of nodes a rule already spoke for
         # id() of a rewritten guard -> (what was written, its report, negated): guards.py
         self.guards: dict[int, tuple[cst.CSTNode, Report, bool, cst.CSTNode]] = {}
-        self.guarded_after: dict[int, list[int]] = {}  # id(if) -> its guards that exit
+        # id(if) -> its guards whose guarded code is what follows the if: (guard, None) for a guard
+        # that exits, (guard, names) for one whose code fills names read after it
+        self.guarded_after: dict[int, list[tuple[int, frozenset[str] | None]]] = {}
         # why the enclosing functions (or this module) are CUDA-only code: findings only
         self.cuda_only: list[str] = [why] if (why := _cuda_only_module(path)) else []
         self.current_top: cst.CSTNode | None = None  # the top-level statement being walked
