@@ -27,8 +27,11 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_wheel_contains_every_rule_file(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    shipped = sorted(n.split("/")[-1] for n in names if n.startswith("tpukit/_rules/"))
-    assert shipped == sorted(p.name for p in (ROOT / "rules").glob("*.toml"))
+    shipped = sorted(n.removeprefix("tpukit/_rules/") for n in names
+                     if n.startswith("tpukit/_rules/") and n.endswith(".toml"))
+    rules = ROOT / "rules"
+    assert shipped == sorted(p.relative_to(rules).as_posix() for p in rules.rglob("*.toml"))
+    assert "engines/call-map.toml" in shipped
     assert "tpukit/cli.py" in names
 
 
@@ -41,10 +44,12 @@ def test_installed_wheel_finds_its_rules(wheel, tmp_path):
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
         "import tpukit.rules as r;"
-        "print(r.rules_dir()); print(len(r.load_rules()))"
+        "print(r.rules_dir()); print(len(r.load_rules()));"
+        "print(len(r.engine_messages('call-map')['xla']))"
     )
     proc = subprocess.run([sys.executable, "-c", code, str(target)], cwd=tmp_path,
                           capture_output=True, text=True, check=True)
-    where, count = proc.stdout.split()
+    where, count, shared = proc.stdout.split()
     assert Path(where) == target / "tpukit" / "_rules"
+    assert int(shared) >= 5  # rules/engines/ ships too
     assert int(count) == len(list((ROOT / "rules").glob("*.toml")))

@@ -64,8 +64,10 @@ def _line_of(text: str, key: str, after: str = "") -> int:
                 start = i
                 break
     pattern = re.compile(rf"^\s*(?:{re.escape(key)}|\"{re.escape(key)}\")\s*=")
+    # or the header of a table by that name (`[targets.xla.calls]` in a message file)
+    header = re.compile(rf"^\s*\[+\s*{re.escape(after + '.' if after else '')}{re.escape(key)}\s*[\].]")
     for i in range(start, len(lines)):
-        if pattern.match(lines[i]):
+        if pattern.match(lines[i]) or header.match(lines[i]):
             return i + 1
     return 1
 
@@ -82,6 +84,9 @@ def _unknown(path: Path, text: str, keys, known, where: str, table: str = "") ->
 
 
 def _display(path: Path) -> str:
+    """rules/NAME.toml, rules/engines/NAME.toml: the path as the checkout names it."""
+    if path.parent.name == "engines":
+        return f"{path.parent.parent.name}/engines/{path.name}"
     return f"{path.parent.name}/{path.name}"
 
 
@@ -190,9 +195,16 @@ class Rule:
     def template(self, target: str, key: str) -> str | None:
         """The template of message `key` on `target`: `[targets.xla.messages]` holds every
         message, `[targets.torchtpu.messages]` the ones TorchTPU words otherwise (a key it
-        does not name is xla's there too). None where neither has it."""
-        template = self.target(target).get("messages", {}).get(key)
-        return self.target("xla").get("messages", {}).get(key) if template is None else template
+        does not name is xla's there too); then the same two tables of the rule's engine
+        (rules/engines/ENGINE.toml: the messages every rule of a data-driven engine shares).
+        None where none has it."""
+        shared = engine_messages(self.extra.get("engine") or "")
+        for messages in (self.target(target).get("messages", {}),
+                         self.target("xla").get("messages", {}),
+                         shared.get(target, {}), shared.get("xla", {})):
+            if key in messages:
+                return messages[key]
+        return None
 
     def say(self, target: str, key: str, /, **values) -> str:
         """The message `key` on `target`, its `{fields}` filled from `values`: every text a
@@ -201,7 +213,9 @@ class Rule:
         template = self.template(target, key)
         if template is None:
             tables = " or ".join(f"[targets.{t}.messages]" for t in dict.fromkeys((target, "xla")))
-            raise RuleError(f"{_display(self.path)}: no message '{key}' in {tables}")
+            engine = self.extra.get("engine")
+            shared = f" (nor in rules/engines/{engine}.toml)" if engine in ENGINE_KINDS else ""
+            raise RuleError(f"{_display(self.path)}: no message '{key}' in {tables}{shared}")
         return template.format(**values)
 
     @property
@@ -271,6 +285,34 @@ def _parse(path: Path) -> Rule:
         extra={k: v for k, v in data.items() if k not in known},
         statement_triggers=tuple(data.get("statement_triggers", ())),
     )
+
+
+@lru_cache(maxsize=None)
+def engine_messages(engine: str) -> dict[str, dict[str, str]]:
+    """Target -> {key -> template} of rules/engines/ENGINE.toml (the messages an engine's code
+    says for every rule built on it), {} where the engine has no such file. Checked like a
+    rule file's message tables: a file holds `[targets.T.messages]` tables and nothing else."""
+    path = rules_dir() / "engines" / f"{engine}.toml"
+    if engine not in ENGINE_KINDS or not path.is_file():
+        return {}
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RuleError(f"{path}: {exc}") from exc
+    _unknown(path, text, data, {"targets"}, "an engine's message file")
+    _unknown(path, text, data.get("targets", {}), set(TARGETS), "[targets]", "targets")
+    messages = {}
+    for target, table in data.get("targets", {}).items():
+        _unknown(path, text, table, {"messages"}, f"[targets.{target}]", f"targets.{target}")
+        messages[target] = table.get("messages", {})
+        for name, template in messages[target].items():
+            problem = _template_problem(template) if isinstance(template, str) else "not a string"
+            if problem:
+                line = _line_of(text, name, f"targets.{target}.messages")
+                raise RuleError(f"{_display(path)}:{line}: targets.{target}.messages.{name}: "
+                                f"{problem}")
+    return messages
 
 
 @lru_cache(maxsize=1)

@@ -89,7 +89,7 @@ class CallMap(Transform):
         if "remove" in entry:
             note = f'removed "{self.ctx.short(call)}": {entry["remove"]}'
             plan = self.fix_or_report(
-                call, f"`{self.ctx.short(call)}` is removed: {entry['remove']}",
+                call, self.say("removed", call=self.ctx.short(call), why=entry["remove"]),
                 lambda: StatementPlan([], note),
             )
         else:
@@ -131,8 +131,7 @@ class CallMap(Transform):
     def _held(self, call: cst.Call, held: str, new: str) -> None:
         """`held` is read as an attribute name (`getattr(torch, device_type)`, diffusers'
         `getattr(torch, current_accelerator().type)`: torch.cuda): `new` names no module."""
-        self._manual(call, f"`{held}` is read as an attribute name (`getattr(..., {held})`); "
-                     f"`{new}` would name no module there: port by hand")
+        self._manual(call, self.say("attribute_name", held=held, new=new))
 
     def visit_Attribute(self, node: cst.Attribute):
         """`current_accelerator().type` becomes the type's name (the whole attribute)."""
@@ -170,9 +169,8 @@ class CallMap(Transform):
                 return None
             text = entry.get("instead")
             if text is None:  # statement-only entry used as a value
-                text = self.say("value", "has no XLA equivalent as a value; ") + (
-                    entry.get("remove") or "call it as a statement of its own"
-                )
+                text = (self.say("value_removed", why=entry["remove"]) if entry.get("remove")
+                        else self.say("value"))
             self._manual(node, text)
             return None
         template = entry["replace"]
@@ -195,15 +193,14 @@ class CallMap(Transform):
         elif self.ctx.at_import_time() and STARTS_RUNTIME.search(template):
             if "before_launch" in entry:  # what runs before torch_xla.launch runs here too
                 template = entry["before_launch"]
-                entry = {**entry, "note": "this runs when the module is imported, where the "
-                         "XLA runtime must not start yet: " + entry.get("note", ""),
+                entry = {**entry, "note": self.say("import_time_launch",
+                                                   note=entry.get("note", "")),
                          "helper": entry.get("before_launch_helper")}
             else:
-                why = self.ctx.import_time_reason()
-                why = f" ({why})" if why else ""
-                self._manual(node, f"`{self._format(template, node)}` would start the XLA "
-                             "runtime when this module is imported; move the call into the "
-                             f"function that needs it, then port it{why}")
+                reason = self.ctx.import_time_reason()
+                new = self._format(template, node)
+                self._manual(node, self.say("import_time_because", new=new, reason=reason)
+                             if reason else self.say("import_time", new=new))
                 return None
         new = self._format(template, node)
 

@@ -57,11 +57,10 @@ class Transform:
             words.update(DEVICE_FACT_WORDS)
         return words
 
-    def say(self, key: str, /, *_old_default: str, **values) -> str:
+    def say(self, key: str, /, **values) -> str:
         """The message `key` of this rule on this target, from the rule file (Rule.say): every
-        text a rule reports is a template there, `{name}` fields filled from `values`.
-        (`_old_default`: api_map.py still passes the xla text it used to default to; it is not
-        read.)"""
+        text a rule reports is a template there (or, for a data-driven engine's own texts, in
+        rules/engines/ENGINE.toml), `{name}` fields filled from `values`."""
         return self.rule.say(self.ctx.target, key, **values)
 
     def fix_or_report(self, node: cst.CSTNode, message: str, build, fix: FixKind | None = None):
