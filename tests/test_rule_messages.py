@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tpukit.rules import TARGETS, RuleError, engine_messages, load_rules
+from tpukit.migrate.engine import MigrateOptions, migrate_source
+from tpukit.rules import TARGETS, RuleError, engine_messages, load_rules, select_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 TRANSFORMS = ROOT / "tpukit" / "migrate" / "transforms"
@@ -469,3 +470,48 @@ def test_a_key_missing_from_the_rule_file_is_an_error_that_names_the_tables():
         rule.say("torchtpu", "nope")
     assert rule.say("torchtpu", "in_choice") == rule.say("xla", "in_choice")  # xla's wording
     assert "TorchTPU" in rule.say("torchtpu", "object", code="x")  # its own
+
+
+# -- the migrate engine's own texts (rules/engines/migrate.toml) --------------------------------
+MIGRATE = ROOT / "tpukit" / "migrate"
+
+
+def _migrate_keys() -> dict[str, str]:
+    """Key -> where it is said: `engine_say("migrate", KEY, ...)` calls, and the `where_`/`then_`
+    keys guards.py hands to `_put_back` (said into guard_left's fields)."""
+    said = {}
+    for path in sorted(MIGRATE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and _name(node.func) == "engine_say" \
+                    and isinstance(node.args[0], ast.Constant) and node.args[0].value == "migrate":
+                key = node.args[1]
+                if isinstance(key, ast.Constant):
+                    said.setdefault(key.value, f"{path.name}:{node.lineno}")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and re.fullmatch(r"(?:where|then)_[a-z_]+", node.value):
+                said.setdefault(node.value, f"{path.name}:{node.lineno}")
+    return said
+
+
+def test_every_key_the_migrate_engine_says_is_in_its_message_file_and_every_one_is_said():
+    said = _migrate_keys()
+    assert {"guard_left", "where_after", "then_no_loop", "splat_left", "cuda_only_code",
+            "why_called_at_import"} <= set(said)
+    messages = engine_messages("migrate")["xla"]
+    assert [f"{where}: {key}" for key, where in said.items() if key not in messages] == []
+    assert sorted(set(messages) - set(said)) == []
+
+
+def test_a_guards_finding_is_worded_by_the_migrate_message_file(monkeypatch):
+    import tpukit.rules as rules
+
+    real = rules.engine_messages("migrate")
+    worded = {"xla": {**real["xla"], "guard_left": "LEFT {guard} | {left} | {where} | {then}"}}
+    monkeypatch.setattr(rules, "engine_messages",
+                        lambda engine: worded if engine == "migrate" else {})
+    result = migrate_source("import torch\nfor i in range(torch.cuda.device_count()):\n"
+                            "    torch.cuda.get_device_capability(i)\n", "t.py",
+                            MigrateOptions(rules=select_rules(None, None)))
+    assert any(f.message == ("LEFT torch.cuda.device_count() | torch.cuda.get_device_capability "
+                             "|  in the loop it counts | 0 on a TPU, so the loop does not run")
+               for f in result.findings), [f.message for f in result.findings]

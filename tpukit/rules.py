@@ -214,7 +214,8 @@ class Rule:
         if template is None:
             tables = " or ".join(f"[targets.{t}.messages]" for t in dict.fromkeys((target, "xla")))
             engine = self.extra.get("engine")
-            shared = f" (nor in rules/engines/{engine}.toml)" if engine in ENGINE_KINDS else ""
+            shared = f" (nor in rules/engines/{engine}.toml)" if engine_messages(engine or "") \
+                else ""
             raise RuleError(f"{_display(self.path)}: no message '{key}' in {tables}{shared}")
         return template.format(**values)
 
@@ -287,13 +288,27 @@ def _parse(path: Path) -> Rule:
     )
 
 
+# rules/engines/NAME.toml: the data-driven engines' messages, and the migrate engine's own.
+MESSAGE_FILES = ENGINE_KINDS + ("migrate",)
+
+
+def engine_say(engine: str, key: str, /, target: str = "xla", **values) -> str:
+    """Message `key` of rules/engines/ENGINE.toml on `target` (xla's where TorchTPU words it
+    the same), its `{fields}` filled from `values`; a key the file lacks is a RuleError."""
+    messages = engine_messages(engine)
+    template = messages.get(target, {}).get(key, messages.get("xla", {}).get(key))
+    if template is None:
+        raise RuleError(f"rules/engines/{engine}.toml: no message '{key}'")
+    return template.format(**values)
+
+
 @lru_cache(maxsize=None)
 def engine_messages(engine: str) -> dict[str, dict[str, str]]:
     """Target -> {key -> template} of rules/engines/ENGINE.toml (the messages an engine's code
     says for every rule built on it), {} where the engine has no such file. Checked like a
     rule file's message tables: a file holds `[targets.T.messages]` tables and nothing else."""
     path = rules_dir() / "engines" / f"{engine}.toml"
-    if engine not in ENGINE_KINDS or not path.is_file():
+    if engine not in MESSAGE_FILES or not path.is_file():
         return {}
     text = path.read_text(encoding="utf-8")
     try:

@@ -33,7 +33,7 @@ from tpukit.migrate.prune import Layout
 from tpukit.migrate.suppressing import SuppressedHooks
 from tpukit.migrate.transforms import load_transforms
 from tpukit.migrate.transforms.base import HookTable, StatementPlan, transform_for
-from tpukit.rules import Rule
+from tpukit.rules import Rule, engine_say
 from tpukit.suppress import Suppressions, split, unused_findings
 
 COMMENT_PREFIX = "# tpukit: "
@@ -480,13 +480,13 @@ def _unless_splats_lost(ctx: MigrationContext, before: cst.CSTNode, after: cst.C
     double = next((a for a in splats if a.star == "**"), None)
     if not lost and not (added and double is not None):
         return after
-    why = (f"`{_arg_code(lost[0])}` would be dropped" if lost else
-           f"`{added[0]}=` may be in `{_arg_code(double)}` already (a TypeError)")
+    why = (engine_say("migrate", "why_splat_dropped", ctx.target, arg=_arg_code(lost[0])) if lost
+           else engine_say("migrate", "why_splat_keyword", ctx.target, keyword=added[0],
+                           arg=_arg_code(double)))
     for report in ctx.reports[reported:]:
         report.applied = False
         report.fix = FixKind.NONE
-        report.message += (f"; not rewritten: {why}, and tpukit cannot see what it holds: "
-                           "port this call by hand")
+        report.message += engine_say("migrate", "splat_left", ctx.target, why=why)
     return before
 
 

@@ -19,7 +19,7 @@ import libcst as cst
 from tpukit.findings import FixKind
 from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string, string_value
 from tpukit.migrate.nodes import first, terminal_name
-from tpukit.rules import load_rules
+from tpukit.rules import engine_say, load_rules
 
 
 def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
@@ -34,8 +34,8 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
     deferred = []
     for key, negated in found.uses.items():
         if in_test is not None:
-            restore[key] = _put_back(ctx, key, in_test, " in the same test" if in_test != vendor else
-                                     " in the same test: it asks for a GPU, not an accelerator")
+            restore[key] = _put_back(ctx, key, in_test, "where_in_test" if in_test != vendor
+                                     else "where_in_test_gpu")
             continue
         polarity = ctx.guards[key][2]
         guarded = updated.orelse if negated != polarity else updated.body
@@ -44,7 +44,7 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
         # test is about CUDA too (torch's Philox decompositions)
         named = residual_cuda(ctx, other) if isinstance(other, cst.BaseSuite) else None
         if named is not None:
-            restore[key] = _put_back(ctx, key, named, " in the other branch")
+            restore[key] = _put_back(ctx, key, named, "where_other_branch")
             continue
         if guarded is None and isinstance(updated, cst.If) and (
                 ctx.target == "xla" or _exits(updated.body)):
@@ -103,12 +103,12 @@ def restore_after(ctx: MigrationContext, block: cst.IndentedBlock | cst.Module):
                 continue
             if names is None:
                 left = next(filter(None, (residual_cuda(ctx, rest) for rest in body[i + 1:])), None)
-                where = " after it"
+                where, fields = "where_after", {}
             else:
-                left, where = next(filter(None, (_cuda_reader(ctx, rest, names)
-                                                 for rest in body[i + 1:])), (None, ""))
+                left, where, fields = next(filter(None, (_cuda_reader(ctx, rest, names)
+                                                         for rest in body[i + 1:])), (None, "", {}))
             if left is not None:
-                restore[key] = _put_back(ctx, key, left, where)
+                restore[key] = _put_back(ctx, key, left, where, **fields)
         if restore:
             body[i] = stmt.with_changes(test=stmt.test.visit(_Restore(restore)))
             changed = True
@@ -146,9 +146,10 @@ _CUDA_BY_DEFAULT = {"torch.random.fork_rng": "device_type"}
 
 
 def _cuda_reader(ctx: MigrationContext, node: cst.CSTNode,
-                 names: frozenset[str]) -> tuple[str, str] | None:
+                 names: frozenset[str]) -> tuple[str, str, dict] | None:
     """The first call in `node` that is given one of `names` and is CUDA's (its device type
-    defaults to CUDA, or the call is CUDA-only code): (the call, how the name reaches it)."""
+    defaults to CUDA, or the call is CUDA-only code): (the call, the `where_` message that
+    says how the name reaches it, its fields)."""
     def reader(call: cst.CSTNode):
         if not isinstance(call, cst.Call):
             return None
@@ -160,13 +161,10 @@ def _cuda_reader(ctx: MigrationContext, node: cst.CSTNode,
         keyword = _CUDA_BY_DEFAULT.get(callee or "")
         if keyword is not None and not any(
                 arg.keyword is not None and arg.keyword.value == keyword for arg in call.args):
-            return (ctx.short(call.func),
-                    f" after it: it is given `{given}`, filled under the guard, and its "
-                    f"{keyword} is \"cuda\" unless given")
+            return ctx.short(call.func), "where_given_cuda_default", {"given": given,
+                                                                     "keyword": keyword}
         left = residual_cuda(ctx, call)
-        if left is not None:
-            return left, f" after it: it is given `{given}`, filled under the guard"
-        return None
+        return (left, "where_given", {"given": given}) if left is not None else None
 
     return first(node, reader)
 
@@ -182,8 +180,8 @@ def restore_loop(ctx: MigrationContext, updated: cst.For):
     left = residual_cuda(ctx, updated.body)
     if left is None:
         return updated
-    restore = {key: _put_back(ctx, key, left, " in the loop it counts",
-                                   "0 on a TPU, so the loop does not run") for key in found.uses}
+    restore = {key: _put_back(ctx, key, left, "where_in_loop", then="then_no_loop")
+               for key in found.uses}
     return updated.with_changes(iter=updated.iter.visit(_Restore(restore)))
 
 
@@ -209,19 +207,23 @@ def restore_flags(ctx: MigrationContext, updated: cst.Assign):
             target.target.value if isinstance(target.target, cst.Name) else None)
         left = name and ctx.memo(("cuda_flag", name), lambda n=name: _guards_cuda_only(ctx, n))
         if left:
-            restore = {key: _put_back(ctx, key, left, f" under `if {name}`") for key in found.uses}
+            restore = {key: _put_back(ctx, key, left, "where_under_flag", name=name)
+                       for key in found.uses}
             return updated.with_changes(value=updated.value.visit(_Restore(restore)))
     return updated
 
 
 def _put_back(ctx: MigrationContext, key: int, left: str, where: str = "",
-              then: str = "False on a TPU, so the other branch runs") -> cst.CSTNode:
+              then: str = "then_other_branch", **fields) -> cst.CSTNode:
+    """The guard `key` as written; its finding says what it guards that is left (`where`, a
+    `where_` message of rules/engines/migrate.toml with its `fields`, says where that is)."""
     original, report, _, shown = ctx.guards.pop(key)
     report.applied = False
     report.fix = FixKind.NONE
-    report.message = (
-        f"`{ctx.short(shown)}` guards code that is still CUDA-only (`{left}`{where}): left as it is "
-        f"({then}); port what it guards, then the guard")
+    report.message = engine_say(
+        "migrate", "guard_left", ctx.target, guard=ctx.short(shown), left=left,
+        where=engine_say("migrate", where, ctx.target, **fields) if where else "",
+        then=engine_say("migrate", then, ctx.target))
     return original
 
 
@@ -429,7 +431,7 @@ def cuda_only_function(node: cst.FunctionDef) -> str | None:
     its body imports a CUDA-only library (TensorRT calibration, a triton kernel's launcher)."""
     name = node.name.value.lower()
     if "cuda" in name or "triton" in name:
-        return f"`{node.name.value}` is named for CUDA"
+        return engine_say("migrate", "why_named_cuda", name=node.name.value)
     body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
     for stmt in body:
         if not isinstance(stmt, cst.SimpleStatementLine):
@@ -440,7 +442,8 @@ def cuda_only_function(node: cst.FunctionDef) -> str | None:
                        if isinstance(small, cst.Import) else [])
             for module in modules:
                 if _cuda_library(module):
-                    return f"`{node.name.value}` imports {module}, a CUDA-only library"
+                    return engine_say("migrate", "why_imports_cuda", name=node.name.value,
+                                      module=module)
     return None
 
 
@@ -456,7 +459,7 @@ def cuda_only_try(node: cst.Try) -> str | None:
             continue
         for name in _imported(small):
             if "cuda" in name.lower() or _cuda_library(name):
-                return f"the `try` block imports {name}, which needs CUDA"
+                return engine_say("migrate", "why_try_imports_cuda", name=name)
     return None
 
 

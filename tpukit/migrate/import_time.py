@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tpukit.rules import engine_say
+
 
 def import_time_functions(module: cst.Module) -> dict[str, str]:
     """Module-level function name -> why it runs at import (the line that calls it)."""
@@ -26,17 +28,17 @@ def import_time_functions(module: cst.Module) -> dict[str, str]:
                 part.visit(calls)
         else:
             stmt.visit(calls)
-    found = {name: f"`{name}` is called when the module is imported" for name in calls.names}
+    found = {name: engine_say("migrate", "why_called_at_import", name=name) for name in calls.names}
     for name, node in defs.items():
         if name not in found and _applies_a_decorator(node):
-            found[name] = f"`{name}` is a decorator: it runs when the code it decorates is imported"
+            found[name] = engine_say("migrate", "why_decorator_at_import", name=name)
     todo = list(found)
     while todo:  # what they call, transitively
         inner = _Calls(set(defs))
         defs[todo.pop()].body.visit(inner)
         for name in inner.names:
             if name not in found:
-                found[name] = f"`{name}` runs when the module is imported (through a caller)"
+                found[name] = engine_say("migrate", "why_caller_at_import", name=name)
                 todo.append(name)
     return found
 

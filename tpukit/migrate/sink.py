@@ -11,7 +11,7 @@ import libcst as cst
 
 from tpukit.findings import FixKind, Severity
 from tpukit.migrate.names import Names
-from tpukit.rules import Rule
+from tpukit.rules import Rule, engine_say
 
 # Alias -> how to import it. Replacement templates use these names and nothing else.
 IMPORTS: dict[str, tuple[str, str | None]] = {
@@ -53,7 +53,8 @@ def _cuda_only_module(path: str) -> str | None:
     if len(parts) == 1:
         return None  # a script, not a package's module (fixtures' cuda.py included)
     hit = next((p for p in parts if re.search(r"cuda|cudnn|triton|nccl", p, re.I)), None)
-    return f"module `{'.'.join(reversed(parts))}` is CUDA's own code ({hit})" if hit else None
+    return engine_say("migrate", "why_cuda_module", module=".".join(reversed(parts)),
+                      part=hit) if hit else None
 
 
 class EditSink:
@@ -98,7 +99,7 @@ class EditSink:
         if isinstance(node, cst.Call):
             self.handled.add(id(node.func))
         if self.cuda_only and not applied and fix is None and rule.fix is not FixKind.NONE:
-            message += f" (not rewritten: {self.cuda_only[-1]}: port it by hand)"
+            message += engine_say("migrate", "cuda_only_code", self.target, why=self.cuda_only[-1])
         self.reports.append(Report(rule, node, message, applied, self.current_top, fix, extra,
                                    severity))
 
