@@ -583,3 +583,36 @@ def test_two_rules_planning_one_node_is_a_conflict_not_a_matter_of_order(monkeyp
     assert raised.value.line == 3
     alone = migrate_source(source, "t.py", MigrateOptions(rules=rules[:1]))
     assert alone.new_source.endswith("mine_TPU101()\n")
+
+
+@pytest.mark.parametrize("second,conflict", [
+    ("original.with_changes(args=[cst.Arg(cst.Name('b'))])", True),  # built from the original
+    ("updated.with_changes(func=cst.Name('mine'))", True),  # replaces the same part
+    ("updated.with_changes(args=[cst.Arg(cst.Name('b'))])", False),  # edits another part
+    ("cst.Call(func=cst.Name('wrap'), args=[cst.Arg(updated.func)])", False),  # keeps it, moved
+])
+def test_a_leave_hook_that_undoes_another_rules_edit_is_a_conflict(monkeypatch, second, conflict):
+    """Leave hooks chain on one node (each gets the last one's result): a later rule that drops
+    an earlier one's edit would make the outcome a matter of order, so it is a conflict."""
+    from tpukit.migrate import engine
+    from tpukit.migrate.transforms.base import Transform
+
+    class Renames(Transform):
+        def leave_Call(self, original, updated):
+            if self.ctx.qualify(original.func) != "torch.cuda.synchronize":
+                return None
+            self.ctx.report(self.rule, original, "mine", applied=True)
+            if self.rule.code == "TPU101":
+                return updated.with_changes(func=cst.parse_expression("xm.sync"))
+            return eval(second)
+
+    monkeypatch.setattr(engine, "transform_for", lambda rule: Renames)
+    rules = [r for r in select_rules([], []) if r.code in ("TPU101", "TPU102")]
+    source = "import torch\n\ntorch.cuda.synchronize(a)\n"
+    if conflict:
+        with pytest.raises(engine.MigrationBug, match=r"rules TPU101 and TPU102 both rewrite "
+                           r"`torch.cuda.synchronize\(a\)`") as raised:
+            migrate_source(source, "t.py", MigrateOptions(rules=rules))
+        assert raised.value.line == 3
+    else:
+        assert "xm.sync" in migrate_source(source, "t.py", MigrateOptions(rules=rules)).new_source

@@ -307,6 +307,14 @@ class Rewriter(cst.CSTTransformer):
                 return False
         return True
 
+    def _conflict(self, node: cst.CSTNode, hook, rival) -> None:
+        top = self.ctx.current_top
+        line = self.top_level.get(id(top))
+        raise MigrationBug(
+            f"rules {rule_of(hook).code} and {rule_of(rival).code} both rewrite "
+            f"`{self.ctx.short(node)}`; file left unchanged, please report this",
+            None if line is None else line + len(getattr(top, "leading_lines", ())))
+
     def _no_rival(self, node: cst.CSTNode, hook, rivals) -> None:
         """A rule planned `node`: no other rule may plan it too (which one would win is an
         accident of order). The rivals run as a probe whose reports and needs are undone."""
@@ -315,13 +323,7 @@ class Rewriter(cst.CSTTransformer):
         try:
             for rival in rivals:
                 if getattr(rival, "hook", rival)(node) is not None:
-                    first, second = rule_of(hook).code, rule_of(rival).code
-                    top = self.ctx.current_top
-                    line = self.top_level.get(id(top))
-                    raise MigrationBug(
-                        f"rules {first} and {second} both rewrite `{self.ctx.short(node)}`; "
-                        "file left unchanged, please report this",
-                        None if line is None else line + len(getattr(top, "leading_lines", ())))
+                    self._conflict(node, hook, rival)
         finally:
             sink.rollback(point)
 
@@ -351,11 +353,16 @@ class Rewriter(cst.CSTTransformer):
             updated = self._apply_line_plans(original, updated)
             if not isinstance(updated, cst.SimpleStatementLine) or updated in self.removed_lines:
                 return updated
+        edited = None  # (the hook that last changed the node, the parts it replaced)
         for hook in self.hooks.leave.get(type(original).__name__, ()):
             reported = len(self.ctx.reports)
             result = hook(original, updated)
-            if result is not None:
-                updated = _unless_splats_lost(self.ctx, updated, result, reported)
+            if result is not None and result is not updated:
+                if edited is not None and _lost(edited[1], result):
+                    self._conflict(original, edited[0], hook)
+                before, updated = updated, _unless_splats_lost(self.ctx, updated, result, reported)
+                if updated is not before:
+                    edited = (hook, _replaced(before, updated))
                 if isinstance(updated, (cst.FlattenSentinel, cst.RemovalSentinel)):
                     return updated
         if self.ctx.guards and isinstance(updated, (cst.If, cst.IfExp)):
@@ -461,6 +468,31 @@ def _arg_code(arg: cst.Arg) -> str:
 
 
 _EMPTY = cst.Module(body=[])
+
+
+def _replaced(before: cst.CSTNode, after: cst.CSTNode) -> list[cst.CSTNode]:
+    """The parts of `after` a leave hook made (children not carried over from `before`): a
+    replacement of another kind is made whole."""
+    if type(after) is not type(before):
+        return [after]
+    kept = {id(child) for child in before.children}
+    return [child for child in after.children if id(child) not in kept]
+
+
+def _lost(parts: list[cst.CSTNode], result: cst.CSTNode) -> bool:
+    """A later leave hook's `result` drops what an earlier one made (`parts`): it rebuilt the
+    node from the original, or replaced the same part. Rules chain on one node (each gets the
+    last one's result); none may undo another's edit, since which one won would be an accident
+    of order. A part kept anywhere in `result` (wrapped, moved) is not lost."""
+    if not parts:
+        return False
+    kept: set[int] = set()
+    stack = [result]
+    while stack:
+        node = stack.pop()
+        kept.add(id(node))
+        stack.extend(node.children)
+    return any(id(part) not in kept for part in parts)
 
 
 def _unless_splats_lost(ctx: MigrationContext, before: cst.CSTNode, after: cst.CSTNode,
