@@ -59,3 +59,41 @@ def test_the_cli_lists_suppressed_findings_in_json_and_strict_reports_unused(tmp
     strict = json.loads(run_cli("migrate", "--check", "--strict", "--format", "json", "train.py",
                                 cwd=tmp_path).stdout)
     assert ("TPU009", 4) in [(f["code"], f["line"]) for f in strict["findings"]]
+
+
+TRAIN = """import torch
+from torch.utils.data import DataLoader
+
+device = torch.device("cuda"){device_comment}
+model = torch.nn.Linear(2, 2).to(device)
+loader = DataLoader(range(8), batch_size=2, drop_last=True)
+scaler = torch.cuda.amp.GradScaler()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x in loader:
+    with torch.cuda.amp.autocast():{autocast_comment}
+        loss = model(x.to(device)).sum()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+def test_a_rewrite_that_relies_on_a_suppressed_rule_is_reported_not_applied():
+    # fp16 autocast kept by a comment keeps its loss scaling; a CUDA device kept by one gets
+    # no MpDeviceLoader that would copy batches to it
+    source = TRAIN.format(device_comment="", autocast_comment="  # tpukit: ignore[TPU201]")
+    migration = migrate_source(source, "t.py", ALL)
+    new = migration.new_source
+    assert "scaler = torch.cuda.amp.GradScaler()" in new and "scaler.step(opt)" in new
+    assert "pl.MpDeviceLoader(loader, device)" in new  # TPU301 needs TPU101, not TPU201
+    held = [f for f in migration.findings if f.code == "TPU203"]
+    assert len(held) == 4 and not any(f.applied for f in held)
+    assert all("relies on TPU201's rewrite, which `# tpukit: ignore[TPU201]` at line 10 turns off"
+               in f.message for f in held)
+    source = TRAIN.format(device_comment="  # tpukit: ignore[TPU101]", autocast_comment="")
+    new = migrate_source(source, "t.py", ALL).new_source
+    assert "for x in loader:" in new and "MpDeviceLoader" not in new
+    assert "scaler.step(opt)" not in new and "    opt.step()" in new  # TPU203 still applies
+    # with no comment, both apply
+    new = migrate_source(TRAIN.format(device_comment="", autocast_comment=""), "t.py", ALL).new_source
+    assert "MpDeviceLoader" in new and "scaler.step(opt)" not in new

@@ -95,3 +95,21 @@ def test_a_message_is_a_template_of_named_fields(tmp_path):
                                             rf"targets.xla.messages.object: {problem}"):
             _parse(path)
         shutil.rmtree(tmp_path / "rules")
+
+
+def test_needs_names_rules_that_exist(tmp_path, monkeypatch):
+    import tpukit.rules as rules
+
+    for source in sorted(rules_dir().glob("TPU20[13]-*.toml")):
+        (tmp_path / source.name).write_text(source.read_text(encoding="utf-8").replace(
+            'needs = ["TPU201"]', 'needs = ["TPU299"]'), encoding="utf-8")
+    monkeypatch.setattr(rules, "rules_dir", lambda: tmp_path)
+    rules.load_rules.cache_clear()
+    try:
+        with pytest.raises(RuleError, match=r"TPU203-grad-scaler.toml:\d+: 'needs' names no rule "
+                                            r"TPU299"):
+            rules.load_rules()
+    finally:
+        monkeypatch.undo()
+        rules.load_rules.cache_clear()
+    assert load_rules()["TPU203"].needs == ("TPU201",)

@@ -31,7 +31,7 @@ class RuleError(Exception):
 # (`remvoe = ...`) is an error at its line instead of a mapping that silently does nothing.
 ENGINE_KINDS = ("call-map", "cuda-only-import") + NON_CODE_ENGINES
 _TOP_KEYS = frozenset(_REQUIRED) | {"engine", "message", "triggers", "statement_triggers", "targets",
-                                    "examples"}
+                                    "examples", "needs"}
 _ENGINE_KEYS = {"runner": {"fixes"}, "cuda-only-import": {"modules"}}
 # A target table (`[targets.xla]`): the keys the transforms read.
 _TARGET_KEYS = frozenset({
@@ -116,7 +116,7 @@ def check_schema(path: Path, text: str, data: dict) -> None:
     if not str(data.get("reference", "https://")).startswith("https://"):
         raise RuleError(f"{_display(path)}:{_line_of(text, 'reference')}: 'reference' must be an "
                         f"https:// address")
-    for key in ("triggers", "statement_triggers"):
+    for key in ("triggers", "statement_triggers", "needs"):
         if key in data and not (isinstance(data[key], list) and all(isinstance(w, str) for w in data[key])):
             raise RuleError(f"{_display(path)}:{_line_of(text, key)}: '{key}' must be a list of strings")
     for target, table in data.get("targets", {}).items():
@@ -172,6 +172,9 @@ class Rule:
     extra: dict = field(default_factory=dict)
     # Words a statement must contain to be traversed (default: the triggers).
     statement_triggers: tuple[str, ...] = ()
+    # Rules whose rewrites this one's rely on: where a comment suppresses one of them in a
+    # file, this rule's findings there are reported, not fixed (engine._held).
+    needs: tuple[str, ...] = ()
 
     def target(self, target: str) -> dict:
         return self.targets.get(target, {})
@@ -269,7 +272,8 @@ def _parse(path: Path) -> Rule:
             FixKind(table.get("fix", fix.value))
     except ValueError as exc:
         raise RuleError(f"{path}: {exc}") from exc
-    known = set(_REQUIRED) | {"targets", "examples", "triggers", "message", "statement_triggers"}
+    known = set(_REQUIRED) | {"targets", "examples", "triggers", "message", "statement_triggers",
+                              "needs"}
     return Rule(
         code=code,
         name=data["name"],
@@ -285,6 +289,7 @@ def _parse(path: Path) -> Rule:
         message=data.get("message", "").strip(),
         extra={k: v for k, v in data.items() if k not in known},
         statement_triggers=tuple(data.get("statement_triggers", ())),
+        needs=tuple(data.get("needs", ())),
     )
 
 
@@ -339,6 +344,11 @@ def load_rules() -> dict[str, Rule]:
         if rule.code in rules:
             raise RuleError(f"{path}: duplicate code {rule.code} (also {rules[rule.code].path})")
         rules[rule.code] = rule
+    for rule in rules.values():
+        unknown = [code for code in rule.needs if code not in rules]
+        if unknown:
+            raise RuleError(f"{_display(rule.path)}:{_line_of(rule.path.read_text('utf-8'), 'needs')}: "
+                            f"'needs' names no rule {unknown[0]}")
     return rules
 
 

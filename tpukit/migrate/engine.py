@@ -8,6 +8,7 @@ left unused are removed; everything outside changed nodes stays byte-identical.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -64,6 +65,9 @@ class MigrateOptions:
     # False: parse every file and traverse every statement, whatever its trigger words (the
     # test that every rule declares the words it needs compares both ways).
     prune: bool = True
+    # Rule code -> why its rewrites are held (reported, not applied): a rule it `needs` is
+    # turned off here by a suppression comment (set by migrate_source itself, see _held).
+    held: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -90,6 +94,7 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
         return _silenced(Migration(source, source), [], suppressions, path, options)
     module = cst.parse_module(source)
     ctx = MigrationContext(module, options.target, options.unsafe_fixes, source, path)
+    ctx.sink.held = options.held
     transforms = []
     triggers: set[str] = set()
     for rule in options.rules:
@@ -117,6 +122,9 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
     silenced = []
     if trial is not None:
         silenced = _findings(ctx, trial.suppressed, trial.positions, path)
+        held = {} if options.held else _held(ctx, trial, options.target)
+        if held:  # once more, with the rules that rely on a suppressed one holding their fixes
+            return migrate_source(source, path, dataclasses.replace(options, held=held))
     if not ctx.reports:
         return _silenced(Migration(source, source), silenced, suppressions, path, options)
     positions = trial.positions if trial is not None else _positions(module, layout, ctx.reports)
@@ -136,6 +144,23 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
     _check_still_python(source, new_source, path)
     return _silenced(Migration(source, new_source, findings, changed=new_source != source),
                      silenced, suppressions, path, options)
+
+
+def _held(ctx: MigrationContext, trial: SuppressedHooks, target: str) -> dict[str, str]:
+    """The rules whose rewrites here rely on a rule a suppression comment turned off (TPU203's
+    GradScaler removal on TPU201's bf16 autocast: under `# tpukit: ignore[TPU201]` the fp16
+    autocast stays, and needs its loss scaling), each with the sentence that says so."""
+    off: dict[str, int] = {}
+    for report in trial.suppressed:
+        span = trial.positions.get(report.node)
+        off.setdefault(report.rule.code, span.start.line if span else 0)
+    held = {}
+    for report in ctx.reports:
+        need = next((code for code in report.rule.needs if code in off), None)
+        if report.applied and need is not None:
+            held[report.rule.code] = engine_say("migrate", "held_by_suppression", target,
+                                                code=need, line=off[need])
+    return held
 
 
 def _silenced(migration: Migration, silenced: list[Finding], suppressions: Suppressions,

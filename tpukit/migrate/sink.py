@@ -73,6 +73,7 @@ class EditSink:
         self.guards: dict[int, tuple[cst.CSTNode, Report, bool, cst.CSTNode]] = {}
         # id(if) -> its guards whose guarded code is what follows the if: (guard, None) for a guard
         # that exits, (guard, names) for one whose code fills names read after it
+        self.held: dict[str, str] = {}  # rule code -> why its fixes are held (MigrateOptions)
         self.guarded_after: dict[int, list[tuple[int, frozenset[str] | None]]] = {}
         # why the enclosing functions (or this module) are CUDA-only code: findings only
         self.cuda_only: list[str] = [why] if (why := _cuda_only_module(path)) else []
@@ -82,6 +83,8 @@ class EditSink:
     def can_fix(self, rule: Rule, fix: FixKind | None = None) -> bool:
         if self.cuda_only:
             return False  # CUDA-only code (guards.cuda_only_function): findings only
+        if rule.code in self.held:
+            return False  # a rule it needs is suppressed here (engine._held)
         fix = fix or rule.fix_for(self.target)
         return fix is FixKind.SAFE or (fix is FixKind.UNSAFE and self.unsafe_fixes)
 
@@ -100,6 +103,9 @@ class EditSink:
             self.handled.add(id(node.func))
         if self.cuda_only and not applied and fix is None and rule.fix is not FixKind.NONE:
             message += engine_say("migrate", "cuda_only_code", self.target, why=self.cuda_only[-1])
+        elif rule.code in self.held and not applied and fix is None \
+                and rule.fix is not FixKind.NONE:
+            message += self.held[rule.code]
         self.reports.append(Report(rule, node, message, applied, self.current_top, fix, extra,
                                    severity))
 
