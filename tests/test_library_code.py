@@ -925,3 +925,37 @@ def test_a_gpu_count_is_not_the_xla_device_count():
         mp.spawn(main_worker, nprocs=ngpus_per_node)
     """)
     assert "ngpus_per_node = _xla_launch_process_count()" in launch
+
+
+def test_an_import_of_torch_cuda_that_binds_torch_stays_an_import_of_torch():
+    # ultralytics' utils/benchmarks.py: its only import of torch is `import torch.cuda`
+    source = ("import torch.cuda\n\ndef f(device):\n    torch.cuda.synchronize()\n"
+              "    return isinstance(device, torch.device)\n")
+    new = out(source)
+    assert new.startswith("import torch\n") and "torch.device" in new
+    compile(new, "t.py", "exec")
+    # with another import of torch it goes, as before
+    new = out("import torch\nimport torch.cuda\n\ntorch.cuda.synchronize()\nx = torch.ones(1)\n")
+    assert "import torch.cuda" not in new and new.count("import torch\n") == 1
+
+
+def test_a_seed_inside_fork_rng_does_not_seed_the_xla_device_for_good():
+    # peft's incremental PCA seeds torch inside fork_rng, which restores torch's generators only
+    source = ("import torch\n\ndef svd(x, seed):\n    with torch.random.fork_rng(enabled=True):\n"
+              "        torch.manual_seed(seed)\n        return torch.svd_lowrank(x)\n\n"
+              "torch.manual_seed(0)\nx = torch.ones(2).cuda()\n")
+    result = migrate(source)
+    assert result.new_source.count("torch_xla.manual_seed") == 1  # the top-level one only
+    assert "    torch_xla.manual_seed" not in result.new_source
+    kept = [f for f in result.findings if f.code == "TPU118" and not f.applied]
+    assert len(kept) == 1 and "fork_rng" in kept[0].message and kept[0].location.line == 5
+
+
+def test_a_count_of_processes_to_start_leaves_the_runtime_unstarted():
+    # accelerate's `accelerate launch`: the count goes to a launcher in another module, which
+    # calls xmp.spawn; torch_xla.device_count() would start the runtime in the parent first
+    new = out("import torch\n\ndef launch(args):\n    if args.num_processes is None:\n"
+              "        args.num_processes = torch.cuda.device_count()\n    tpu_launcher(args)\n")
+    assert "args.num_processes = _xla_launch_process_count()" in new
+    assert "torch_xla.device_count()" not in new
+    assert "n = torch_xla.device_count()" in out("import torch\nn = torch.cuda.device_count()\n")

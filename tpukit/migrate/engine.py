@@ -30,6 +30,7 @@ from tpukit.migrate.guards import (
     restore_loop,
     restore_unported,
 )
+from tpukit.migrate.nodes import first
 from tpukit.migrate.prune import Layout
 from tpukit.migrate.suppressing import SuppressedHooks
 from tpukit.migrate.transforms import load_transforms
@@ -577,7 +578,7 @@ def _fix_imports(module: cst.Module, ctx: MigrationContext) -> cst.Module:
     wanted = set(ctx.imports_needed)
     uses = _NameUses()
     module.visit(uses)
-    module = module.visit(_RemoveUnused(uses))
+    module = module.visit(_RemoveUnused(uses, _root_bindings(module)))
     # Only what the final code uses: a rewrite inside a node that an outer rewrite then
     # replaced whole (a "cuda" -> "xla" inside a map_location that became "cpu") needs nothing.
     needed = {alias for alias in wanted if uses.names.get(alias)}
@@ -737,10 +738,27 @@ def _orphanable(full: str) -> bool:
     return any(full == p or full.startswith(p + ".") for p in _ORPHANABLE)
 
 
+def _root_bindings(module: cst.Module) -> dict[str, int]:
+    """How many `import` aliases bind each top name (`import torch`, `import torch.cuda`: 2 for
+    `torch`), anywhere in the module."""
+    counts: dict[str, int] = {}
+
+    def count(node: cst.CSTNode) -> None:
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                if alias.asname is None:
+                    root = (dotted(alias.name) or "").split(".")[0]
+                    counts[root] = counts.get(root, 0) + 1
+
+    first(module, count)  # `count` is never truthy: the walk sees every node
+    return counts
+
+
 class _RemoveUnused(cst.CSTTransformer):
-    def __init__(self, uses: _NameUses) -> None:
+    def __init__(self, uses: _NameUses, roots: dict[str, int]) -> None:
         super().__init__()
         self.uses = uses
+        self.roots = roots  # bindings of each top name by `import a.b` aliases still there
 
     def _unused(self, bound: str, full: str, dotted_import: bool) -> bool:
         if not _orphanable(full):
@@ -757,6 +775,15 @@ class _RemoveUnused(cst.CSTTransformer):
             is_dotted = asname is None and "." in full
             if not self._unused(asname or full, full, is_dotted):
                 kept.append(alias)
+                continue
+            root = full.split(".")[0]
+            if is_dotted and self.uses.names.get(root, 0) and self.roots.get(root, 0) <= 1:
+                # ultralytics' `import torch.cuda`, its only `import` of torch, whose
+                # `torch.device` is still used: it stays an import of torch
+                kept.append(alias.with_changes(name=cst.Name(root)))
+                continue
+            if is_dotted:
+                self.roots[root] = self.roots.get(root, 0) - 1
         return _rebuild_import(updated, kept)
 
     def leave_ImportFrom(self, original, updated):
@@ -773,7 +800,7 @@ class _RemoveUnused(cst.CSTTransformer):
 
 
 def _rebuild_import(node, kept):
-    if len(kept) == len(node.names):
+    if len(kept) == len(node.names) and all(a is b for a, b in zip(kept, node.names)):
         return node
     if not kept:
         return cst.RemoveFromParent()

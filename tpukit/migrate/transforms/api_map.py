@@ -182,7 +182,11 @@ class CallMap(Transform):
         if "as_device" in entry and id(node) in self.device_arguments:
             template = entry["as_device"]
             entry = {**entry, "note": entry.get("as_device_note", entry.get("note"))}
-        elif "before_launch" in entry and self.ctx.in_launcher():
+        elif "before_launch" in entry and (self.ctx.in_launcher() or any(
+                _PROCESS_COUNT.search(n) for n in (
+                    self.ctx.assign_targets[-1] if self.ctx.assign_targets else ()))):
+            # accelerate's launch command: `args.num_processes = torch.cuda.device_count()` is
+            # how many processes a launcher (in another module) will start
             template = entry["before_launch"]
             entry = {**entry, "note": entry.get("before_launch_note", entry.get("note")),
                      "helper": entry.get("before_launch_helper")}
@@ -220,4 +224,6 @@ GUARDS = {"torch.cuda.is_available", "torch.accelerator.is_available", "torch.cu
           "torch.accelerator.device_count"}
 DEVICE_KEYWORDS = ("device", "map_location", "device_map")
 # torch_xla calls that start the runtime (xr.device_type() only reads the environment).
+# A name that holds how many processes to start: `num_processes`, `nprocs`, `nproc_per_node`.
+_PROCESS_COUNT = re.compile(r"proc", re.I)
 STARTS_RUNTIME = re.compile(r"torch_xla\.device(?:_count)?\(|\bxm\.|\bxr\.(?!device_type\()")

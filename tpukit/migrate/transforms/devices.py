@@ -438,6 +438,7 @@ class DeviceTypeComparison(Transform):
 
 
 _WORKER_INIT = re.compile(r"worker_init|init_worker|seed_worker|worker_seed", re.I)
+_FORKS_RNG = ("torch.random.fork_rng",)
 _SEEDS_XLA = re.compile(r"cuda\.manual_seed|torch_xla\.manual_seed|set_rng_state")
 
 
@@ -445,6 +446,19 @@ _SEEDS_XLA = re.compile(r"cuda\.manual_seed|torch_xla\.manual_seed|set_rng_state
 class SeedXla(Transform):
     """`torch.manual_seed(s)` as a statement: `torch_xla.manual_seed(s)` after it, since the XLA
     device's generator is not torch's (unless the file seeds the XLA device already)."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.forks: list[cst.With] = []  # the enclosing `with torch.random.fork_rng(...)`s
+
+    def visit_With(self, node: cst.With) -> None:
+        if any(isinstance(item.item, cst.Call) and self.ctx.qualify(item.item.func) in _FORKS_RNG
+               for item in node.items):
+            self.forks.append(node)
+
+    def leave_With(self, original, updated) -> None:
+        if self.forks and self.forks[-1] is original:
+            self.forks.pop()
 
     def leave_SimpleStatementLine(self, original, updated):
         if len(original.body) != 1 or not isinstance(original.body[0], cst.Expr):
@@ -454,6 +468,12 @@ class SeedXla(Transform):
                 and self.ctx.qualify(call.func) == "torch.manual_seed"):
             return None
         if self.ctx.memo("seeds_xla", lambda: bool(_SEEDS_XLA.search(self.ctx.source))):
+            return None
+        if self.forks:
+            # peft's incremental PCA: fork_rng restores torch's generators when the block
+            # ends, not the XLA device's: a seed added there would stay for the whole run
+            self.ctx.report(self.rule, original, self.say("in_fork", code=self.ctx.short(call)),
+                            False, fix=FixKind.NONE, severity=Severity.INFO)
             return None
         if any(_WORKER_INIT.search(f.name.value) for f in self.ctx.functions
                if isinstance(f, cst.FunctionDef)):

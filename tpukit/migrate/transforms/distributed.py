@@ -16,6 +16,7 @@ import libcst as cst
 
 from tpukit.findings import FixKind
 from tpukit.migrate.context import (
+    _LAUNCH_CALL,
     dotted,
     find_keyword,
     keyword_arg,
@@ -605,17 +606,41 @@ class SamplerReplicas(Transform):
         positional = plain_positional(updated)
         if not positional and find_keyword(updated, "dataset") is None:
             return None
+        # Which of the two to set: a value the call passes is kept unless it is CUDA's (a GPU
+        # count) or, in a script that starts its processes, a plain name (`rank`, the spawn
+        # index); a group's own numbers (deepspeed's `self.dp_world_size`,
+        # `mpu.get_data_parallel_rank()`) are the data-parallel group's, not the world's. A
+        # value left out asks the default process group, which a ported script makes with the
+        # xla backend (timm's loader): set it only where the file starts processes and makes
+        # no group (xmp.spawn with no torch.distributed, where the default would raise).
+        launches = self.ctx.memo("launches", lambda: bool(_LAUNCH_CALL.search(self.ctx.source)))
+        no_group = "init_process_group" not in self.ctx.source
+        replace = {}
+        for index, arg in ((1, replicas), (2, rank)):
+            if arg is None:
+                replace[index] = launches and no_group
+            else:
+                code = self.ctx.code(arg.value)
+                replace[index] = "cuda" in code or (launches and isinstance(arg.value, cst.Name))
+        if not any(replace.values()):
+            return None
 
         def build():
             # DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last): the
-            # replica count and rank are replaced where they stand; the rest is kept.
-            values = {1: keyword_arg("num_replicas", self.ctx.expr("xr.world_size()")),
-                      2: keyword_arg("rank", self.ctx.expr("xr.global_ordinal()"))}
-            args = [a.with_changes(value=values[i].value) if i in values else a
+            # values replaced where they stand, the ones left out added after the positional
+            # arguments; the rest is kept.
+            new = {1: "xr.world_size()", 2: "xr.global_ordinal()"}
+            index = {"num_replicas": 1, "rank": 2}
+            args = [a.with_changes(value=self.ctx.expr(new[i])) if replace.get(i) else a
                     for i, a in enumerate(positional)]
-            args += [values[i] for i in values if i >= len(positional)]
-            args += [a for a in updated.args if a.keyword is not None
-                     and a.keyword.value not in ("num_replicas", "rank")]
+            given = {i for i in new if i < len(positional)} | {
+                index[a.keyword.value] for a in updated.args
+                if a.keyword is not None and a.keyword.value in index}
+            args += [keyword_arg(key, self.ctx.expr(new[i])) for key, i in index.items()
+                     if replace[i] and i not in given]
+            args += [a.with_changes(value=self.ctx.expr(new[index[a.keyword.value]]))
+                     if a.keyword.value in index and replace[index[a.keyword.value]] else a
+                     for a in updated.args if a.keyword is not None]
             if not positional:  # dataset=... first, as written
                 args.sort(key=lambda a: a.keyword.value != "dataset")
             return updated.with_changes(args=with_commas(args))
