@@ -959,3 +959,36 @@ def test_a_count_of_processes_to_start_leaves_the_runtime_unstarted():
     assert "args.num_processes = _xla_launch_process_count()" in new
     assert "torch_xla.device_count()" not in new
     assert "n = torch_xla.device_count()" in out("import torch\nn = torch.cuda.device_count()\n")
+
+
+def test_what_a_cuda_only_call_is_given_stays_cudas():
+    # transformers' is_torch_tf32_available: an XLA index given to get_device_properties
+    # would name CUDA device 0, and the call stays CUDA's anyway
+    source = ("import torch\n\ndef tf32():\n"
+              "    return torch.cuda.get_device_properties(torch.cuda.current_device()).major\n"
+              "\nn = torch.cuda.device_count()\n")
+    result = migrate(source)
+    assert "get_device_properties(torch.cuda.current_device())" in result.new_source
+    assert "n = torch_xla.device_count()" in result.new_source
+    assert any(f.code == "TPU110" and "get_device_properties" in f.message and not f.applied
+               for f in result.findings)
+
+
+@pytest.mark.parametrize("function", [
+    # transformers' import_utils: checks for CUDA-only kernels packages keep their CUDA test
+    "def is_mamba_ssm_available():\n    if not torch.cuda.is_available():\n        return False\n"
+    "    else:\n        return _is_package_available(\"mamba_ssm\")\n",
+    "def has_fla():\n    if not torch.cuda.is_available():\n        return False\n"
+    "    try:\n        import fla\n    except ImportError:\n        return False\n    return True\n",
+    "def is_flash_attn_3_available():\n    if not torch.cuda.is_available():\n        return False\n"
+    "    return True\n",
+    "def is_bitsandbytes_available():\n    if old_version:\n        return torch.cuda.is_available()\n"
+    "    return True\n",
+])
+def test_a_check_for_a_cuda_only_package_keeps_its_cuda_test(function):
+    source = "import torch\n\n" + function
+    assert migrate(source).new_source == source
+    # a check for a package that runs anywhere is ported
+    assert "bool(xr.device_type())" in out(source.replace("mamba_ssm", "einops").replace(
+        "import fla", "import einops").replace("flash_attn_3", "einops3").replace(
+        "bitsandbytes", "einops"))

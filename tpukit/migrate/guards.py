@@ -247,6 +247,13 @@ def _unported_call(target: str, name: str) -> bool:
     return True
 
 
+def unported_cuda_call(target: str, name: str | None) -> bool:
+    """`name` (qualified) is CUDA-only code no rule ports: `torch.cuda.get_device_properties`,
+    `torch.cuda.Stream`."""
+    used = _CUDA_ONLY_USE.match(name or "")
+    return bool(used) and _unported_call(target, used.group(0))
+
+
 def _guards_cuda_only(ctx: MigrationContext, name: str) -> str | None:
     """What CUDA-only code a flag decides: the first thing no rule ports in either branch of
     an `if` (or conditional expression) whose test reads `name` (`if not self.build_for_cpu:
@@ -317,9 +324,8 @@ class _UnportedCuda(cst.CSTVisitor):
             name = self.ctx.qualify(node)
             own = node.attr.value if isinstance(node, cst.Attribute) else node.value
             if name is not None and name.startswith("torch.cuda"):
-                used = _CUDA_ONLY_USE.match(name)
-                if used and _unported_call(self.ctx.target, used.group(0)):
-                    self.found = used.group(0)
+                if unported_cuda_call(self.ctx.target, name):
+                    self.found = _CUDA_ONLY_USE.match(name).group(0)
                 return False  # anything else under torch.cuda has a rule
             if name is not None and not name.startswith("torch.backends") and (
                     _cuda_only(name) or "cuda" in name.lower()):
@@ -392,9 +398,9 @@ class _ResidualCuda(cst.CSTVisitor):
         elif isinstance(node, (cst.Import, cst.ImportFrom)):
             modules = ([dotted(node.module) or ""] if isinstance(node, cst.ImportFrom)
                        else [dotted(a.name) or "" for a in node.names])
-            hit = next((m for m in modules if "cuda" in m or _cuda_only(m)), None)
+            hit = next((m for m in modules if "cuda" in m or _cuda_library(m)), None)
             if hit is not None:
-                self.found = f"import {hit}"  # `from .backends.cuda import ops`
+                self.found = f"import {hit}"  # `from .backends.cuda import ops`, `import fla`
             return False
         elif isinstance(node, cst.Assign) and _is_device_index(node):
             # ultralytics' exporter: `if ... torch.cuda.is_available(): self.args.device = "0"`
@@ -403,8 +409,11 @@ class _ResidualCuda(cst.CSTVisitor):
             return False
         elif isinstance(node, cst.SimpleString) and (
                 is_cuda_device_string(node) or _CUDA_WORD.match(string_value(node) or "")
+                or _cuda_library(string_value(node) or "")
                 or (self.strings and _SAYS_GPU.search(node.value))):
-            self.found = node.value  # "-gpu" packages, "Launching training on one GPU."
+            # "-gpu" packages, "Launching training on one GPU.", and a CUDA-only package by
+            # name (transformers' `_is_package_available("mamba_ssm")` under a CUDA test)
+            self.found = node.value
         return True
 
 
@@ -422,7 +431,10 @@ _CUDA_WORD = re.compile(r"(?:cuda|nccl)\Z", re.I)  # BNB_BACKEND = "CUDA", backe
 
 
 # Beyond the TPU9xx rules' modules: libraries only a CUDA machine has.
-_CUDA_ONLY_EXTRA = ("tensorrt", "pycuda", "numba.cuda", "cuda")
+# Kernels packages with CUDA (or Triton-on-GPU) kernels only: mamba's selective scan and
+# causal conv1d, flash-linear-attention, FlashAttention 3's interface.
+_CUDA_ONLY_EXTRA = ("tensorrt", "pycuda", "numba.cuda", "cuda", "mamba_ssm", "causal_conv1d",
+                    "fla", "flash_attn_interface", "flash_attn_3")
 
 
 def cuda_only_function(node: cst.FunctionDef) -> str | None:
@@ -432,6 +444,11 @@ def cuda_only_function(node: cst.FunctionDef) -> str | None:
     name = node.name.value.lower()
     if "cuda" in name or "triton" in name:
         return engine_say("migrate", "why_named_cuda", name=node.name.value)
+    library = _names_cuda_library(name)
+    if library is not None:
+        # transformers' `is_flash_attn_3_available`, `is_bitsandbytes_available`: a check for
+        # a CUDA-only library asks for CUDA
+        return engine_say("migrate", "why_named_library", name=node.name.value, module=library)
     body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
     for stmt in body:
         if not isinstance(stmt, cst.SimpleStatementLine):
@@ -474,6 +491,18 @@ def _imported(node: cst.Import | cst.ImportFrom) -> list[str]:
 def _cuda_library(name: str) -> bool:
     """A module only a CUDA machine has: a TPU9xx rule's, or TensorRT, pycuda, numba.cuda."""
     return _cuda_only(name) or any(name == m or name.startswith(m + ".") for m in _CUDA_ONLY_EXTRA)
+
+
+def _names_cuda_library(name: str) -> str | None:
+    """The CUDA-only library whose name's words a function name holds in a row
+    (`is_flash_attn_3_available`: flash_attn), or None."""
+    words = name.split("_")
+    for module in (*cuda_only_modules(), *_CUDA_ONLY_EXTRA):
+        parts = module.split(".")[0].split("_")
+        if len(parts[0]) > 3 and any(words[i:i + len(parts)] == parts
+                                     for i in range(len(words) - len(parts) + 1)):
+            return module
+    return None
 
 
 def _cuda_only(name: str) -> bool:

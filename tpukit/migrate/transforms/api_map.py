@@ -35,6 +35,8 @@ import libcst as cst
 
 from tpukit.findings import FixKind
 from tpukit.migrate.context import dotted, terminal_name
+from tpukit.migrate.guards import unported_cuda_call
+from tpukit.migrate.nodes import first
 from tpukit.migrate.transforms.devices import attribute_names
 from tpukit.migrate.transforms.base import StatementPlan, Transform, engine
 
@@ -49,6 +51,10 @@ class CallMap(Transform):
         self.as_type = any("as_type" in entry for entry in self.calls.values())
         self.type_reads: set[int] = set()  # id() of calls whose value is read for `.type`
         self.module_names: set[int] = set()  # id() of getattr's attribute-name arguments
+        # The CUDA-only calls (no rule ports them) being visited: what they are given stays
+        # CUDA's (`get_device_properties(torch.cuda.current_device())`: an XLA index there
+        # would name CUDA device 0).
+        self.unported: list[cst.Call] = []
 
     def _entry(self, call: cst.BaseExpression,
                report_otherwise: bool = False) -> tuple[str, dict] | tuple[None, None]:
@@ -154,7 +160,20 @@ class CallMap(Transform):
         return self.fix_or_report(node.value, self._describe(node, new, {"note": note}),
                                   lambda: self.ctx.expr(new))
 
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> None:
+        if self.unported and self.unported[-1] is original:
+            self.unported.pop()
+
     def visit_Call(self, node: cst.Call):
+        if self.unported:
+            return None
+        if isinstance(node.func, cst.Attribute) and unported_cuda_call(
+                self.ctx.target, self.ctx.qualify(node.func)):
+            self.unported.append(node)
+            # spoken for by the finding on the call they are given to (no TPU117 for each)
+            for inner in node.args:
+                first(inner, lambda n: self.ctx.handled.update(
+                    (id(n), id(n.func)) if isinstance(n, cst.Call) else ()))
         if self.as_device:
             self._mark_device_arguments(node)
         if self.as_type and dotted(node.func) == "getattr" and len(node.args) >= 2:
