@@ -992,3 +992,28 @@ def test_a_check_for_a_cuda_only_package_keeps_its_cuda_test(function):
     assert "bool(xr.device_type())" in out(source.replace("mamba_ssm", "einops").replace(
         "import fla", "import einops").replace("flash_attn_3", "einops3").replace(
         "bitsandbytes", "einops"))
+
+
+def test_accelerate_prepared_loaders_and_models_are_left_to_accelerate():
+    # accelerate's test_script: prepare_data_loader gives an MpDeviceLoaderWrapper on XLA
+    # (wrapping it again syncs in the outer loader's thread: no batches), and
+    # Accelerator.prepare points the optimizer at the moved parameters itself on XLA
+    # (accelerator.py: "On TPUs, putting the model on the XLA device will create new
+    # parameters..."); a model it is not given is a CPU baseline
+    source = ("import torch\nfrom torch.utils.data import DataLoader\n\n"
+              "def check(state):\n    dl = DataLoader(range(8), batch_size=2)\n"
+              "    dl = prepare_data_loader(dl, state.device, put_on_device=True)\n"
+              "    for batch in dl:\n        print(batch)\n\n"
+              "def baseline():\n    model = RegressionModel()\n"
+              "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n    return model\n\n"
+              "def trained(accelerator):\n    model = RegressionModel()\n"
+              "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              "    model, optimizer = accelerator.prepare(model, optimizer)\n"
+              "    x = torch.ones(1).cuda()\n")
+    new = out(source)
+    assert "MpDeviceLoader" not in new and "RegressionModel().to(" not in new
+    # without accelerate the optimizer-before-device fix still applies
+    plain = out(source.replace("    model, optimizer = accelerator.prepare(model, optimizer)\n", "")
+                .replace("    dl = prepare_data_loader(dl, state.device, put_on_device=True)\n", ""))
+    assert "model = RegressionModel().to(torch_xla.device())" in plain
+    assert "pl.MpDeviceLoader(dl, torch_xla.device())" in plain

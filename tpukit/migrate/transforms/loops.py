@@ -31,7 +31,7 @@ HOST_READS = ("item", "tolist", "cpu", "numpy")
 # `train_dl, model, opt = accelerator.prepare(train_dl, model, opt)`: accelerate's loader
 # places batches itself (and wraps MpDeviceLoader on XLA); its end-of-data bookkeeping
 # (gather_for_metrics) breaks under another loader's prefetching.
-_PREPARED = re.compile(r"^[ \t]*([\w \t,()]+?)=\s*[\w.]*\.prepare(?:_data_loader)?\(", re.M)
+_PREPARED = re.compile(r"^[ \t]*([\w \t,()]+?)=\s*(?:[\w.]*\.)?prepare(?:_data_loader)?\(", re.M)
 
 
 def prepared_names(ctx) -> set[str]:
