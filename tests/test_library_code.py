@@ -101,8 +101,16 @@ def test_a_splat_the_rewrite_would_lose_is_a_finding_for_a_person():
 
 
 def test_sampler_positional_arguments_keep_their_places():
-    new = out(SPLAT_HEADER + "s = DistributedSampler(ds, None, None, False)\n")
+    # in a script that starts its processes and makes no process group (xmp.spawn after the
+    # port), None (the default) asks a group that does not exist: the runtime's numbers
+    spawned = "import torch.multiprocessing as mp\nmp.spawn(main, nprocs=2)\n"
+    new = out(SPLAT_HEADER + "s = DistributedSampler(ds, None, None, False)\n" + spawned)
     assert "DistributedSampler(ds, xr.world_size(), xr.global_ordinal(), False)" in new
+    new = out(SPLAT_HEADER + "s = DistributedSampler(ds, torch.cuda.device_count(), r, False)\n")
+    assert "DistributedSampler(ds, xr.world_size(), r, False)" in new
+    # a library's sampler asks the default group, which the ported script makes
+    new = out(SPLAT_HEADER + "s = DistributedSampler(ds, None, None, False)\n")
+    assert "DistributedSampler(ds, None, None, False)" in new
 
 
 # -- availability guards over CUDA-only code ----------------------------------------------

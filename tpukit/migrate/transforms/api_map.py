@@ -54,7 +54,7 @@ class CallMap(Transform):
         # The CUDA-only calls (no rule ports them) being visited: what they are given stays
         # CUDA's (`get_device_properties(torch.cuda.current_device())`: an XLA index there
         # would name CUDA device 0).
-        self.unported: list[cst.Call] = []
+        self.unported: set[int] = set()  # id() of the calls inside their arguments
 
     def _entry(self, call: cst.BaseExpression,
                report_otherwise: bool = False) -> tuple[str, dict] | tuple[None, None]:
@@ -160,20 +160,24 @@ class CallMap(Transform):
         return self.fix_or_report(node.value, self._describe(node, new, {"note": note}),
                                   lambda: self.ctx.expr(new))
 
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> None:
-        if self.unported and self.unported[-1] is original:
-            self.unported.pop()
+    def _inside_unported(self, node: cst.Call) -> None:
+        """The calls given to `node`, which stay CUDA's; spoken for by the finding on `node`
+        (no TPU117 for each). A set of ids, not a stack: a node another rule plans gets no
+        leave hooks."""
+        def mark(inner: cst.CSTNode) -> None:
+            if isinstance(inner, cst.Call):
+                self.unported.add(id(inner))
+                self.ctx.handled.update((id(inner), id(inner.func)))
+
+        for arg in node.args:
+            first(arg, mark)  # `mark` is never truthy: the walk sees every node
 
     def visit_Call(self, node: cst.Call):
-        if self.unported:
+        if id(node) in self.unported:
             return None
         if isinstance(node.func, cst.Attribute) and unported_cuda_call(
                 self.ctx.target, self.ctx.qualify(node.func)):
-            self.unported.append(node)
-            # spoken for by the finding on the call they are given to (no TPU117 for each)
-            for inner in node.args:
-                first(inner, lambda n: self.ctx.handled.update(
-                    (id(n), id(n.func)) if isinstance(n, cst.Call) else ()))
+            self._inside_unported(node)
         if self.as_device:
             self._mark_device_arguments(node)
         if self.as_type and dotted(node.func) == "getattr" and len(node.args) >= 2:

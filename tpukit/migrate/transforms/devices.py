@@ -30,6 +30,7 @@ from tpukit.migrate.device_facts import (  # noqa: F401 - device facts; rules im
     is_accelerator_value,
     is_device_value,
 )
+from tpukit.migrate.nodes import first
 from tpukit.migrate.transforms.base import Transform, transform
 
 AVAILABILITY = {"torch.cuda.is_available", "torch.accelerator.is_available"}
@@ -449,16 +450,15 @@ class SeedXla(Transform):
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
-        self.forks: list[cst.With] = []  # the enclosing `with torch.random.fork_rng(...)`s
+        # id() of the statements inside a `with torch.random.fork_rng(...)` (a set, not a
+        # stack: a `with` another rule plans gets no leave hooks)
+        self.in_fork: set[int] = set()
 
     def visit_With(self, node: cst.With) -> None:
         if any(isinstance(item.item, cst.Call) and self.ctx.qualify(item.item.func) in _FORKS_RNG
                for item in node.items):
-            self.forks.append(node)
-
-    def leave_With(self, original, updated) -> None:
-        if self.forks and self.forks[-1] is original:
-            self.forks.pop()
+            first(node.body, lambda n: self.in_fork.add(id(n))
+                  if isinstance(n, cst.SimpleStatementLine) else None)
 
     def leave_SimpleStatementLine(self, original, updated):
         if len(original.body) != 1 or not isinstance(original.body[0], cst.Expr):
@@ -469,7 +469,7 @@ class SeedXla(Transform):
             return None
         if self.ctx.memo("seeds_xla", lambda: bool(_SEEDS_XLA.search(self.ctx.source))):
             return None
-        if self.forks:
+        if id(original) in self.in_fork:
             # peft's incremental PCA: fork_rng restores torch's generators when the block
             # ends, not the XLA device's: a seed added there would stay for the whole run
             self.ctx.report(self.rule, original, self.say("in_fork", code=self.ctx.short(call)),

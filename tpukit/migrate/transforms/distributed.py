@@ -617,8 +617,8 @@ class SamplerReplicas(Transform):
         no_group = "init_process_group" not in self.ctx.source
         replace = {}
         for index, arg in ((1, replicas), (2, rank)):
-            if arg is None:
-                replace[index] = launches and no_group
+            if arg is None or (isinstance(arg.value, cst.Name) and arg.value.value == "None"):
+                replace[index] = launches and no_group  # None is the default
             else:
                 code = self.ctx.code(arg.value)
                 replace[index] = "cuda" in code or (launches and isinstance(arg.value, cst.Name))
