@@ -616,3 +616,12 @@ def test_a_leave_hook_that_undoes_another_rules_edit_is_a_conflict(monkeypatch, 
         assert raised.value.line == 3
     else:
         assert "xm.sync" in migrate_source(source, "t.py", MigrateOptions(rules=rules)).new_source
+
+
+def test_a_later_removal_or_a_statement_list_that_keeps_the_edit_is_not_a_conflict():
+    from tpukit.migrate import engine
+
+    edit = cst.parse_statement("x = xm.sync()\n")
+    assert not engine._lost([edit], cst.RemovalSentinel.REMOVE)  # same outcome in either order
+    assert not engine._lost([edit], cst.FlattenSentinel([edit, cst.parse_statement("y = 1\n")]))
+    assert engine._lost([edit], cst.FlattenSentinel([cst.parse_statement("x = 2\n")]))

@@ -510,10 +510,10 @@ def _lost(parts: list[cst.CSTNode], result: cst.CSTNode) -> bool:
     node from the original, or replaced the same part. Rules chain on one node (each gets the
     last one's result); none may undo another's edit, since which one won would be an accident
     of order. A part kept anywhere in `result` (wrapped, moved) is not lost."""
-    if not parts:
-        return False
+    if not parts or isinstance(result, cst.RemovalSentinel):
+        return False  # removed: the same outcome whichever rule ran first
     kept: set[int] = set()
-    stack = [result]
+    stack = list(result.nodes) if isinstance(result, cst.FlattenSentinel) else [result]
     while stack:
         node = stack.pop()
         kept.add(id(node))
