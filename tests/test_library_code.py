@@ -1025,3 +1025,38 @@ def test_accelerate_prepared_loaders_and_models_are_left_to_accelerate():
                 .replace("    dl = prepare_data_loader(dl, state.device, put_on_device=True)\n", ""))
     assert "model = RegressionModel().to(torch_xla.device())" in plain
     assert "pl.MpDeviceLoader(dl, torch_xla.device())" in plain
+
+
+def test_a_backend_the_code_picks_for_its_device_is_left_with_its_ranks():
+    # transformers' tensor parallelism: gloo on the CPU mesh it builds on a TPU host too
+    source = ("import os\nimport torch\n\ndef init_tp(device_type):\n"
+              "    rank = int(os.environ[\"RANK\"])\n    world_size = int(os.environ[\"WORLD_SIZE\"])\n"
+              "    backend_map = {\"cuda\": \"nccl\", \"cpu\": \"gloo\", \"xpu\": \"xccl\"}\n"
+              "    backend = backend_map.get(device_type)\n"
+              "    torch.distributed.init_process_group(backend=backend, rank=rank, world_size=world_size)\n"
+              "    x = torch.ones(1).cuda()\n")
+    result = migrate(source)
+    assert "init_process_group(backend=backend, rank=rank, world_size=world_size)" in result.new_source
+    assert 'int(os.environ["RANK"])' in result.new_source
+    left = next(f for f in result.findings if f.code == "TPU401")
+    assert not left.applied and "picks for the device" in left.message
+    # a backend from the command line (pytorch/examples' --dist-backend) is still ported
+    new = out(source.replace("    backend_map = {\"cuda\": \"nccl\", \"cpu\": \"gloo\", \"xpu\": \"xccl\"}\n"
+                             "    backend = backend_map.get(device_type)\n", "")
+              .replace("backend=backend", "backend=args.dist_backend"))
+    assert 'init_process_group("xla", init_method="xla://")' in new
+
+
+def test_a_save_of_python_or_numpy_rng_state_stays_torch_save():
+    # accelerate's save_accelerator_state; xm.save would write random.getstate()'s tuple as a
+    # list and random.setstate() refuses it on load
+    source = ("import random\nimport numpy as np\nimport torch\n\ndef save_rng(path):\n"
+              "    states = {\"random_state\": random.getstate(),\n"
+              "              \"numpy_random_seed\": np.random.get_state()}\n"
+              "    torch.save(states, path)\n\nx = torch.ones(1).cuda()\n")
+    result = migrate(source)
+    assert "    torch.save(states, path)\n" in result.new_source
+    left = next(f for f in result.findings if f.code == "TPU304")
+    assert not left.applied and "random.setstate" in left.message
+    assert "xm.save(states, path)" in out(source.replace("random.getstate()", "0").replace(
+        "np.random.get_state()", "1"))

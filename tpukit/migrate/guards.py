@@ -55,7 +55,7 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
             continue
         # A value chosen by the guard that names a GPU ("-gpu" packages) is CUDA's too; in a
         # statement a string is a message ("batch did not land on the GPU").
-        left = residual_cuda(ctx, guarded, isinstance(updated, cst.IfExp)) \
+        left = residual_cuda(ctx, guarded, isinstance(updated, cst.IfExp), half=True) \
             if guarded is not None else None
         if left is not None:
             restore[key] = _put_back(ctx, key, left)
@@ -367,19 +367,22 @@ class _Restore(cst.CSTTransformer):
         return self.originals.get(id(original), updated)
 
 
-def residual_cuda(ctx: MigrationContext, node: cst.CSTNode, strings: bool = False) -> str | None:
+def residual_cuda(ctx: MigrationContext, node: cst.CSTNode, strings: bool = False,
+                  half: bool = False) -> str | None:
     """The first CUDA-only thing left in rewritten code (a torch.cuda name, a name or module
     that says cuda, a `.cuda()` call, a "cuda" device string, a CUDA-only library; with
-    `strings`, any string that says gpu or cuda), or None."""
-    finder = _ResidualCuda(ctx, strings)
+    `strings`, any string that says gpu or cuda; with `half`, torch.float16, which code a
+    guard decides picks because a GPU is there), or None."""
+    finder = _ResidualCuda(ctx, strings, half)
     node.visit(finder)
     return finder.found
 
 
 class _ResidualCuda(cst.CSTVisitor):
-    def __init__(self, ctx: MigrationContext, strings: bool) -> None:
+    def __init__(self, ctx: MigrationContext, strings: bool, half: bool = False) -> None:
         self.ctx = ctx
         self.strings = strings
+        self.half = half
         self.found: str | None = None
 
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -389,8 +392,11 @@ class _ResidualCuda(cst.CSTVisitor):
             name = self.ctx.qualify(node) or ""
             own = node.attr.value if isinstance(node, cst.Attribute) else node.value
             pinned = self.ctx.target == "xla" and "pin_memory" in own
+            # float16 chosen because a GPU is there (transformers' AQLM quantizer: "CUDA
+            # available. ... loading the model in torch.float16"): a TPU computes in bfloat16
+            half = self.half and name in _HALF
             if name == "torch.cuda" or name.startswith("torch.cuda.") or _cuda_only(name) \
-                    or "cuda" in own.lower() or pinned:
+                    or "cuda" in own.lower() or pinned or half:
                 # .cuda(), cuda_ops, cudagraph_mark_step_begin; on XLA pinned host memory is
                 # a CUDA copy aid
                 self.found = self.ctx.short(node)
@@ -418,6 +424,7 @@ class _ResidualCuda(cst.CSTVisitor):
 
 
 _SAYS_GPU = re.compile(r"gpu|cuda", re.I)
+_HALF = frozenset({"torch.float16", "torch.half"})
 _INDEX = re.compile(r"[0-9]+(?:,[0-9]+)*\Z")  # "0", "0,1": CUDA device indices
 
 

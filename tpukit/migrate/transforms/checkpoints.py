@@ -7,6 +7,8 @@ import re
 
 import libcst as cst
 
+from tpukit.findings import FixKind
+
 from tpukit.migrate.context import is_cuda_device_string, keyword_arg, terminal_name
 from tpukit.migrate.transforms.base import Transform, transform
 from tpukit.migrate.transforms.devices import names_a_device
@@ -35,6 +37,10 @@ def rank_path_names(source: str) -> set[str]:
         names |= more
 # loc = 'cuda:{}'.format(args.gpu) / device = "cuda" / dev = torch.device("cuda", rank)
 _CUDA_ASSIGN = re.compile(r"""(\w+)\s*=\s*(?:torch\.device\(\s*)?f?['"]cuda\b""")
+
+
+# random.getstate(), np.random.get_state(): RNG states that are tuples.
+_HOST_RNG = re.compile(r"\brandom\.getstate\(\)|\brandom\.get_state\(\)")
 
 
 def _has_state_dict(expr: cst.BaseExpression) -> bool:
@@ -78,6 +84,13 @@ class CheckpointSave(Transform):
             return None
         if extra:
             return None  # pickle options xm.save does not take: leave it to a person
+        if self._saves_host_rng():
+            # accelerate's save_accelerator_state: xm.save turns tuples into lists on the way
+            # to the CPU, and random.setstate() / np.random.set_state() refuse the list when
+            # the file is loaded back (accelerate then silently restores no RNG at all)
+            self.ctx.report(self.rule, node, self.say("rng_tuples", code=self.ctx.short(node)),
+                            applied=False, fix=FixKind.NONE)
+            return None
         if self._per_rank(node):
             # xm.save writes on the master only: the other ranks' files would never be written.
             return self.fix_or_report(node, self.say("per_rank", code=self.ctx.short(node)),
@@ -85,6 +98,13 @@ class CheckpointSave(Transform):
         return self.fix_or_report(
             node, self.say("save", code=self.ctx.short(node)),
             lambda: self.ctx.with_func(node, updated, self.ctx.expr("xm.save")))
+
+    def _saves_host_rng(self) -> bool:
+        """Does the enclosing function (or the module) read Python's or NumPy's RNG state (a
+        tuple) for what it saves?"""
+        scope = self.ctx.functions[-1] if self.ctx.functions else None
+        return self.ctx.memo(("host_rng", id(scope)), lambda: bool(_HOST_RNG.search(
+            self.ctx.code(scope) if scope is not None else self.ctx.source)))
 
     def _per_rank(self, node: cst.Call) -> bool:
         path = node.args[1].value if len(node.args) > 1 else None

@@ -49,8 +49,12 @@ _NCCL_BACKEND = re.compile(r"^(?:nccl|cuda:nccl(?:,cpu:gloo)?|cpu:gloo,cuda:nccl
 DEFAULT_BACKEND = "torch.distributed.get_default_backend_for_device"
 _OTHER_LAUNCHER = re.compile(r"\b(?:OMPI_COMM_WORLD_\w+|PMI_(?:RANK|SIZE)|PMIX_RANK|SLURM_(?:PROCID|"
                             r"NTASKS|LOCALID)|MV2_COMM_WORLD_\w+)\b")
+_INIT_GROUP = re.compile(r"\binit_process_group\(")
 _OWN_STORE = re.compile(r"init_process_group\((?:[^()]|\([^()]*\))*\bstore\s*=")
 _CUDA_OR_CPU_BACKEND = re.compile(r"\b(?:nccl|gloo)\b")  # "nccl", "cuda:nccl,cpu:gloo"
+# Backend names as strings: a scope that writes several picks the backend at run time, for the
+# device it finds (transformers' tensor parallelism: {"cuda": "nccl", "cpu": "gloo", ...}).
+_BACKEND_NAMES = re.compile(r"""["'](nccl|gloo|mpi|ccl|xccl|hccl|ucc)["']""")
 DEVICE_INDEX_KEYWORDS = ("device", "device_id", "output_device")
 COMPILE_MODES_WITHOUT_MEANING = {"reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}
 _RANK_ASSIGN = re.compile(
@@ -103,6 +107,14 @@ class ProcessGroup(Transform):
         backend, written = _backend_of(node)
         if written is not None and not _CUDA_OR_CPU_BACKEND.search(written):
             return None  # "xla", "tpu_dist"; another vendor's ("hccl", "cncl"): not CUDA's
+        if backend is not None and written is None and _chosen_at_run_time(self.ctx):
+            # `backend = backend_map.get(device_type)`: the code picks a backend for the
+            # device it runs on (gloo on a CPU mesh, which it builds on a TPU host too):
+            # "xla" in its place would take every choice away
+            self.ctx.report(self.rule, node, self.say(
+                "chosen", code=self.ctx.short(node), backend=self.ctx.code(backend.value)),
+                applied=False, fix=FixKind.NONE)
+            return None
         store = find_keyword(node, "store")
         if store is not None:
             # accelerate's debug launcher: gloo over its own FileStore, in processes it forked
@@ -208,8 +220,8 @@ class ProcessGroup(Transform):
 
     def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString):
         """`backend = "nccl"`: the literal itself (the setting's other parts stay as written)."""
-        if any(self.cuda_tests):
-            return None
+        if any(self.cuda_tests) or _chosen_at_run_time(self.ctx):
+            return None  # ... or one entry of a per-device choice (init_process_group says why)
         targets = self.ctx.assign_targets[-1] if self.ctx.assign_targets else ()
         name = next((t for t in targets if "backend" in t.lower()), None)
         if name is None:
@@ -282,6 +294,19 @@ def _backend_of(call: cst.Call) -> tuple[cst.Arg | None, str | None]:
     plain = plain_positional(call)
     backend = plain[0] if plain and call.args[0] is plain[0] else find_keyword(call, "backend")
     return backend, string_value(backend.value) if backend is not None else None
+
+
+def _chosen_at_run_time(ctx) -> bool:
+    """Does the enclosing function (or the module) name another vendor's backend beside NCCL
+    (xccl, hccl, ccl, mpi, ucc): a backend chosen for whichever device it finds? (NCCL or gloo
+    alone is the CUDA-or-CPU choice the port makes: `"nccl" if cuda else "gloo"`.)"""
+    scope = ctx.functions[-1] if ctx.functions else None
+
+    def compute() -> bool:
+        named = set(_BACKEND_NAMES.findall(ctx.code(scope) if scope is not None else ctx.source))
+        return "nccl" in named and bool(named - {"nccl", "gloo"})
+
+    return ctx.memo(("backends", id(scope)), compute)
 
 
 def _ported_group_call(ctx) -> bool:
@@ -550,8 +575,9 @@ class TorchrunRanks(Transform):
                 # is), or reads another launcher's numbers (mpirun's OMPI_*, SLURM's, PMI's:
                 # deepspeed's mpi_discovery; xr.world_size() is 1 outside torch_xla's launch):
                 # its RANK / WORLD_SIZE are that launcher's, not torch_xla's.
-                if self._scope_says(_OWN_STORE) or self._scope_says(_OTHER_LAUNCHER):
-                    return None
+                if self._scope_says(_OWN_STORE) or self._scope_says(_OTHER_LAUNCHER) or (
+                        self._scope_says(_INIT_GROUP) and _chosen_at_run_time(self.ctx)):
+                    return None  # ... or they go to a group TPU401 leaves (its backend chosen)
                 if id(node) in self.device_values:
                     return self._rank_device(node, node, is_to=False)
                 return self._replace(node, key)
