@@ -30,7 +30,7 @@ from tpukit.migrate.nodes import (  # noqa: F401 - the helpers rule code imports
 )
 from tpukit.migrate.sink import IMPORTS, EditSink, Report  # noqa: F401
 
-_LAUNCH_CALL = re.compile(r"\b(?:mp|multiprocessing|torch_xla)\.(?:spawn|launch)\(|\bspawn\(")
+LAUNCH_CALL = re.compile(r"\b(?:mp|multiprocessing|torch_xla)\.(?:spawn|launch)\(|\bspawn\(")
 
 
 class MigrationContext:
@@ -105,14 +105,14 @@ class MigrationContext:
         scope = self.functions[-1] if self.functions else None
 
         def compute() -> bool:
-            if not _LAUNCH_CALL.search(self.source):
+            if not LAUNCH_CALL.search(self.source):
                 return False  # no launcher in this file (the usual case): no code generation
             if scope is not None:
                 code = self.code(scope)
             else:
                 code = "\n".join(self.code(s) for s in self.module.body
                                  if not isinstance(s, (cst.FunctionDef, cst.ClassDef)))
-            return bool(_LAUNCH_CALL.search(code))
+            return bool(LAUNCH_CALL.search(code))
 
         return self.memo(("launcher", id(scope)), compute)
 

@@ -16,7 +16,7 @@ import libcst as cst
 
 from tpukit.findings import FixKind
 from tpukit.migrate.context import (
-    _LAUNCH_CALL,
+    LAUNCH_CALL,
     dotted,
     find_keyword,
     keyword_arg,
@@ -639,7 +639,7 @@ class SamplerReplicas(Transform):
         # value left out asks the default process group, which a ported script makes with the
         # xla backend (timm's loader): set it only where the file starts processes and makes
         # no group (xmp.spawn with no torch.distributed, where the default would raise).
-        launches = self.ctx.memo("launches", lambda: bool(_LAUNCH_CALL.search(self.ctx.source)))
+        launches = self.ctx.memo("launches", lambda: bool(LAUNCH_CALL.search(self.ctx.source)))
         no_group = "init_process_group" not in self.ctx.source
         replace = {}
         for index, arg in ((1, replicas), (2, rank)):
