@@ -344,6 +344,8 @@ def load_rules() -> dict[str, Rule]:
         if rule.code in rules:
             raise RuleError(f"{path}: duplicate code {rule.code} (also {rules[rule.code].path})")
         rules[rule.code] = rule
+    for name in MESSAGE_FILES:  # rules/engines/: checked with the rule files, not on first use
+        engine_messages(name)
     for rule in rules.values():
         unknown = [code for code in rule.needs if code not in rules]
         if unknown:
