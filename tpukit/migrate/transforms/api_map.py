@@ -51,10 +51,10 @@ class CallMap(Transform):
         self.as_type = any("as_type" in entry for entry in self.calls.values())
         self.type_reads: set[int] = set()  # id() of calls whose value is read for `.type`
         self.module_names: set[int] = set()  # id() of getattr's attribute-name arguments
-        # The CUDA-only calls (no rule ports them) being visited: what they are given stays
-        # CUDA's (`get_device_properties(torch.cuda.current_device())`: an XLA index there
-        # would name CUDA device 0).
-        self.unported: set[int] = set()  # id() of the calls inside their arguments
+        # id() of the calls given to a CUDA-only call no rule ports: they stay CUDA's
+        # (`get_device_properties(torch.cuda.current_device())`: an XLA index there would name
+        # CUDA device 0)
+        self.unported: set[int] = set()
 
     def _entry(self, call: cst.BaseExpression,
                report_otherwise: bool = False) -> tuple[str, dict] | tuple[None, None]:
@@ -248,5 +248,6 @@ GUARDS = {"torch.cuda.is_available", "torch.accelerator.is_available", "torch.cu
 DEVICE_KEYWORDS = ("device", "map_location", "device_map")
 # torch_xla calls that start the runtime (xr.device_type() only reads the environment).
 # A name that holds how many processes to start: `num_processes`, `nprocs`, `nproc_per_node`.
-_PROCESS_COUNT = re.compile(r"proc", re.I)
+_PROCESS_COUNT = re.compile(
+    r"(?:^|_)(?:n|num_)?proc(?:s|esses|ess_count|_per_node)?(?:$|_)", re.I)
 STARTS_RUNTIME = re.compile(r"torch_xla\.device(?:_count)?\(|\bxm\.|\bxr\.(?!device_type\()")
