@@ -99,6 +99,13 @@ class MigrationContext:
             self._memo[key] = compute()
         return self._memo[key]
 
+    def scope_text(self) -> str:
+        """The code of the enclosing function, or the module's text at its top level (once per
+        scope): what a rule's "does this function ..." checks read."""
+        scope = self.functions[-1] if self.functions else None
+        return self.memo(("scope_text", id(scope)),
+                         lambda: self.code(scope) if scope is not None else self.source)
+
     def in_launcher(self) -> bool:
         """Is the current code in the scope (function, or the module's top level) that calls
         `mp.spawn`/`torch_xla.launch`? There the XLA runtime must not be touched yet."""

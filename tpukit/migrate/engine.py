@@ -30,7 +30,7 @@ from tpukit.migrate.guards import (
     restore_loop,
     restore_unported,
 )
-from tpukit.migrate.nodes import first
+from tpukit.migrate.nodes import walk
 from tpukit.migrate.prune import Layout
 from tpukit.migrate.suppressing import SuppressedHooks
 from tpukit.migrate.transforms import load_transforms
@@ -512,12 +512,8 @@ def _lost(parts: list[cst.CSTNode], result: cst.CSTNode) -> bool:
     of order. A part kept anywhere in `result` (wrapped, moved) is not lost."""
     if not parts or isinstance(result, cst.RemovalSentinel):
         return False  # removed: the same outcome whichever rule ran first
-    kept: set[int] = set()
-    stack = list(result.nodes) if isinstance(result, cst.FlattenSentinel) else [result]
-    while stack:
-        node = stack.pop()
-        kept.add(id(node))
-        stack.extend(node.children)
+    roots = result.nodes if isinstance(result, cst.FlattenSentinel) else (result,)
+    kept = {id(node) for node in walk(*roots)}
     return any(id(part) not in kept for part in parts)
 
 
@@ -742,15 +738,12 @@ def _root_bindings(module: cst.Module) -> dict[str, int]:
     """How many `import` aliases bind each top name (`import torch`, `import torch.cuda`: 2 for
     `torch`), anywhere in the module."""
     counts: dict[str, int] = {}
-
-    def count(node: cst.CSTNode) -> None:
+    for node in walk(module):
         if isinstance(node, cst.Import):
             for alias in node.names:
                 if alias.asname is None:
                     root = (dotted(alias.name) or "").split(".")[0]
                     counts[root] = counts.get(root, 0) + 1
-
-    first(module, count)  # `count` is never truthy: the walk sees every node
     return counts
 
 

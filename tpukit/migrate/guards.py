@@ -18,7 +18,7 @@ import libcst as cst
 
 from tpukit.findings import FixKind
 from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string, string_value
-from tpukit.migrate.nodes import first, terminal_name
+from tpukit.migrate.nodes import first, terminal_name, walk
 from tpukit.rules import engine_say, load_rules
 
 
@@ -123,10 +123,9 @@ def _bound_names(suite: cst.BaseSuite) -> frozenset[str]:
     """The local names code binds or fills: `x = ...`, `x += ...`, `x[k] = ...`,
     `x.append(...)`."""
     names = set()
-
-    def bound(node: cst.CSTNode) -> None:
+    for node in walk(suite):
         target = None
-        if isinstance(node, cst.AssignTarget) or isinstance(node, (cst.AnnAssign, cst.AugAssign)):
+        if isinstance(node, (cst.AssignTarget, cst.AnnAssign, cst.AugAssign)):
             target = node.target
         elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
                 and node.func.attr.value in _FILLS:
@@ -135,8 +134,6 @@ def _bound_names(suite: cst.BaseSuite) -> frozenset[str]:
             target = target.value
         if isinstance(target, cst.Name):
             names.add(target.value)
-
-    first(suite, bound)  # `bound` is never truthy: the walk sees every node
     return frozenset(names)
 
 

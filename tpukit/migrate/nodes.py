@@ -119,6 +119,15 @@ def terminal_name(expr: cst.BaseExpression) -> str:
     return ""
 
 
+def walk(*nodes: cst.CSTNode):
+    """Each of `nodes` and everything it contains, in source order."""
+    stack = list(reversed(nodes))
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children))
+
+
 def first(node: cst.CSTNode, test):
     """The first truthy `test(n)` over `node` and what it contains (in source order), or
     None; the walk stops at the first."""

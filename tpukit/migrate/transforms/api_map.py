@@ -36,7 +36,7 @@ import libcst as cst
 from tpukit.findings import FixKind
 from tpukit.migrate.context import dotted, terminal_name
 from tpukit.migrate.guards import unported_cuda_call
-from tpukit.migrate.nodes import first
+from tpukit.migrate.nodes import walk
 from tpukit.migrate.transforms.devices import attribute_names
 from tpukit.migrate.transforms.base import StatementPlan, Transform, engine
 
@@ -164,13 +164,10 @@ class CallMap(Transform):
         """The calls given to `node`, which stay CUDA's; spoken for by the finding on `node`
         (no TPU117 for each). A set of ids, not a stack: a node another rule plans gets no
         leave hooks."""
-        def mark(inner: cst.CSTNode) -> None:
+        for inner in walk(*node.args):
             if isinstance(inner, cst.Call):
                 self.unported.add(id(inner))
                 self.ctx.handled.update((id(inner), id(inner.func)))
-
-        for arg in node.args:
-            first(arg, mark)  # `mark` is never truthy: the walk sees every node
 
     def visit_Call(self, node: cst.Call):
         if id(node) in self.unported:

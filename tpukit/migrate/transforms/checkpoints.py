@@ -102,9 +102,7 @@ class CheckpointSave(Transform):
     def _saves_host_rng(self) -> bool:
         """Does the enclosing function (or the module) read Python's or NumPy's RNG state (a
         tuple) for what it saves?"""
-        scope = self.ctx.functions[-1] if self.ctx.functions else None
-        return self.ctx.memo(("host_rng", id(scope)), lambda: bool(_HOST_RNG.search(
-            self.ctx.code(scope) if scope is not None else self.ctx.source)))
+        return bool(_HOST_RNG.search(self.ctx.scope_text()))
 
     def _per_rank(self, node: cst.Call) -> bool:
         path = node.args[1].value if len(node.args) > 1 else None

@@ -30,7 +30,7 @@ from tpukit.migrate.device_facts import (  # noqa: F401 - device facts; rules im
     is_accelerator_value,
     is_device_value,
 )
-from tpukit.migrate.nodes import first
+from tpukit.migrate.nodes import walk
 from tpukit.migrate.transforms.base import Transform, transform
 
 AVAILABILITY = {"torch.cuda.is_available", "torch.accelerator.is_available"}
@@ -457,8 +457,8 @@ class SeedXla(Transform):
     def visit_With(self, node: cst.With) -> None:
         if any(isinstance(item.item, cst.Call) and self.ctx.qualify(item.item.func) in _FORKS_RNG
                for item in node.items):
-            first(node.body, lambda n: self.in_fork.add(id(n))
-                  if isinstance(n, cst.SimpleStatementLine) else None)
+            self.in_fork.update(id(n) for n in walk(node.body)
+                                if isinstance(n, cst.SimpleStatementLine))
 
     def leave_SimpleStatementLine(self, original, updated):
         if len(original.body) != 1 or not isinstance(original.body[0], cst.Expr):

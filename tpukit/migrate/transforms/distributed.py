@@ -300,13 +300,8 @@ def _chosen_at_run_time(ctx) -> bool:
     """Does the enclosing function (or the module) name another vendor's backend beside NCCL
     (xccl, hccl, ccl, mpi, ucc): a backend chosen for whichever device it finds? (NCCL or gloo
     alone is the CUDA-or-CPU choice the port makes: `"nccl" if cuda else "gloo"`.)"""
-    scope = ctx.functions[-1] if ctx.functions else None
-
-    def compute() -> bool:
-        named = set(_BACKEND_NAMES.findall(ctx.code(scope) if scope is not None else ctx.source))
-        return "nccl" in named and bool(named - {"nccl", "gloo"})
-
-    return ctx.memo(("backends", id(scope)), compute)
+    named = set(_BACKEND_NAMES.findall(ctx.scope_text()))
+    return "nccl" in named and bool(named - {"nccl", "gloo"})
 
 
 def _ported_group_call(ctx) -> bool:
@@ -593,9 +588,7 @@ class TorchrunRanks(Transform):
 
     def _scope_says(self, pattern: re.Pattern) -> bool:
         """Does the enclosing function (or the module's text) match `pattern`?"""
-        scope = self.ctx.functions[-1] if self.ctx.functions else None
-        return self.ctx.memo((pattern.pattern, id(scope)), lambda: bool(pattern.search(
-            self.ctx.code(scope) if scope is not None else self.ctx.source)))
+        return bool(pattern.search(self.ctx.scope_text()))
 
     def _replace(self, node: cst.Call, key: str):
         new = self.mapping["env"][key]
