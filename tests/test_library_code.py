@@ -1060,3 +1060,22 @@ def test_a_save_of_python_or_numpy_rng_state_stays_torch_save():
     assert not left.applied and "random.setstate" in left.message
     assert "xm.save(states, path)" in out(source.replace("random.getstate()", "0").replace(
         "np.random.get_state()", "1"))
+
+
+def test_cuda_of_a_class_from_another_package_is_left():
+    # transformers' PreTrainedModel.to(): `module.cuda(device)` on hqq's HQQLinear, whose own
+    # `.cuda(device)` moves to any device (CPU too); `.to(torch_xla.device())` would ignore it
+    source = ("import torch\n\ndef to(self, device):\n    from hqq.core.quantize import HQQLinear\n"
+              "    import optimum.quanto as oq\n    for module in self.modules():\n"
+              "        if isinstance(module, HQQLinear):\n            module.cuda(device)\n"
+              "        if isinstance(layer, (torch.nn.Linear, oq.nn.QLinear)):\n"
+              "            layer.cuda(device)\n"
+              "        if isinstance(block, (torch.nn.Linear, Block)):\n"
+              "            block.cuda(device)\n    return self\n")
+    result = migrate(source)
+    assert "module.cuda(device)" in result.new_source and "layer.cuda(device)" in result.new_source
+    assert "block.to(device)" in result.new_source  # torch's class, or this file's
+    left = {f.location.line: f for f in result.findings if f.code == "TPU102" and not f.applied}
+    assert "`HQQLinear` of hqq.core.quantize" in left[8].message
+    assert "`oq.nn.QLinear` of optimum.quanto" in left[10].message
+    assert 12 not in left

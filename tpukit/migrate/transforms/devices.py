@@ -284,6 +284,13 @@ class CudaMethod(Transform):
         receiver = self.ctx.qualify(func.value)
         if receiver is not None and receiver.split(".")[0] in ("torch", "torch_xla"):
             return None  # a module attribute, not Tensor/Module.cuda()
+        own = self._own_cuda(func.value)
+        if own is not None:
+            message = self.say("method", code=self.ctx.short(original))
+            self.ctx.report(self.rule, original, message + self.say(
+                "own_method", receiver=self.ctx.code(func.value), cls=own[0], module=own[1]),
+                applied=False, fix=FixKind.NONE)
+            return None
 
         def build():
             kept = [
@@ -300,6 +307,26 @@ class CudaMethod(Transform):
 
         return self.fix_or_report(original, self.say("method", code=self.ctx.short(original)),
                                   build)
+
+
+    def _own_cuda(self, receiver: cst.BaseExpression) -> tuple[str, str] | None:
+        """(class, its module) when the enclosing function tests the receiver with
+        `isinstance(receiver, C)` and C comes from a package other than torch: that class's
+        `.cuda` may be its own method, not torch's (hqq's `HQQLinear.cuda(device)` moves to any
+        device, CPU included, and transformers' `to()` calls it so), and `.to(xla)` would not
+        do what it does. A class of this file or a relative import is taken for a Module."""
+        name = dotted(receiver)
+        if name is None or "isinstance" not in self.ctx.scope_text():
+            return None
+        test = re.compile(rf"isinstance\(\s*{re.escape(name)}\s*,\s*\(?([\w.,\s]+)\)?\)")
+        for match in test.finditer(self.ctx.scope_text()):
+            for cls in filter(None, (c.strip() for c in match.group(1).split(","))):
+                root, _, rest = cls.partition(".")
+                full = self.ctx.aliases.get(root)  # `HQQLinear` -> hqq.core.quantize.HQQLinear
+                if full is not None and full.split(".")[0] not in ("torch", "torchvision"):
+                    # the module it comes from: hqq.core.quantize; `bnb.nn.X` -> bitsandbytes
+                    return cls, full if rest else full.rpartition(".")[0] or full
+        return None
 
 
 _ASSIGNS_IS_CUDA = re.compile(r"([\w.]+)\.is_cuda\s*(?::[^=\n]+)?=(?!=)")
