@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
+
+
+def pytest_configure(config):
+    """Each pytest-xdist worker's runs rendezvous on a port of their own: torch_xla's
+    `xla://` process group listens on MASTER_PORT (12355 when unset), and two DDP runs from two
+    workers at once failed with EADDRINUSE."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and "MASTER_PORT" not in os.environ:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
 
 
 def tpukit_executable() -> str:

@@ -1079,3 +1079,39 @@ def test_cuda_of_a_class_from_another_package_is_left():
     assert "`HQQLinear` of hqq.core.quantize" in left[8].message
     assert "`oq.nn.QLinear` of optimum.quanto" in left[10].message
     assert 12 not in left
+
+
+CONFIG_CLASS = """\
+from dataclasses import dataclass
+from typing import Optional
+
+import torch.distributed as dist
+
+
+@dataclass
+class InitProcessGroupKwargs:
+    backend: Optional[str] = "nccl"
+    timeout: Optional[int] = None
+
+    def to_kwargs(self):
+        default = self.__class__().__dict__
+        return {k: v for k, v in self.__dict__.items() if default[k] != v}
+
+
+class Settings:
+    dist_backend = "nccl"
+"""
+
+
+def test_a_backend_default_of_a_library_class_field_is_left(tmp_path):
+    # accelerate's InitProcessGroupKwargs: `to_kwargs` sends only what differs from the
+    # defaults, so after `backend = "xla"` a caller's own backend="nccl" reached
+    # init_process_group on a TPU (ValueError: nccl is not available)
+    (tmp_path / "__init__.py").write_text("")
+    result = migrate_source(CONFIG_CLASS, str(tmp_path / "dataclasses.py"), ALL)
+    assert result.new_source == CONFIG_CLASS
+    left = [f for f in result.findings if f.code == "TPU401"]
+    assert [f.location.line for f in left] == [9, 18] and not any(f.applied for f in left)
+    assert "a field of `InitProcessGroupKwargs` in library code" in left[0].message
+    # a script's own config class is its program's setting: ported
+    assert 'backend: Optional[str] = "xla"' in out(CONFIG_CLASS)

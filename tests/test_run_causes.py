@@ -1,6 +1,7 @@
 """`tpukit run` on XLA:CPU, one cause per fixture (issue 15's list, beyond tests/test_run.py):
 a CPU fallback inside a model module, and DDP's gradient accumulation that skips the all-reduce
-on micro-steps."""
+on micro-steps (two graphs from one line, each compiled once, named with the line that switches
+the sync)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,19 @@ def test_ddp_gradient_accumulation_counts_optimizer_steps_and_compiles_each_grap
     # the micro-step without the all-reduce and the one with it: two graphs from one line, each
     # compiled once; after DDP's own warm-up (its reducer rebuilds buckets) nothing recompiles
     assert all(r["compiles"] == 0 for r in records[3:])
-    assert not [f for f in report["findings"] if f["code"] == "TPU701" and "warmup_steps" not in f["extra"]]
+    recompiles = [f for f in report["findings"] if f["code"] == "TPU701"]
+    assert not [f for f in recompiles if "warmup_steps" not in f["extra"]
+                and f["extra"].get("kind") != "variants"]
+    # the two graphs of the micro-steps' line are said once, as info, with the line that
+    # switches DDP's all-reduce: the cause, at the user's code
+    script = RUN / "ddp_no_sync.py"
+    (variants,) = [f for f in recompiles if f["extra"].get("kind") == "variants"]
+    assert variants["severity"] == "info" and len(variants["extra"]["graphs"]) == 2
+    assert variants["line"] == line_of(script, "loss.backward()") + 1  # the micro-step's sync
+    toggle = line_of(script, "model.require_backward_grad_sync = micro")
+    assert variants["extra"]["sync_toggle"] == {"path": str(script), "line": toggle}
+    assert f"switched at line {toggle} (`model.require_backward_grad_sync = micro" \
+        in variants["message"]
 
 
 SUPPRESSED = """\

@@ -7,6 +7,7 @@ import pytest
 from tpukit.findings import Severity
 from tpukit.run.analysis import analyse
 from tpukit.run.debuglog import DebugLog, GraphEvent
+from tpukit.run.loops import Loops
 from tpukit.run.probe import HostRead, Probe, Step
 from tpukit.run.shapes import describe, diff, signature
 
@@ -378,3 +379,33 @@ def test_one_cause_over_several_steps_is_one_finding():
     assert "step 4: [8, 13] -> [8, 14]" in one.message and "and 1 more" in one.message
     assert "6 sizes of dim 1: 10..17" in one.message and "Fix: pad dim 1" in one.message
     assert analysis.stats.recompiles_after_warmup == 5   # the count is unchanged
+
+
+def test_graphs_a_line_runs_in_every_step_are_said_once_with_what_tells_them_apart(tmp_path):
+    # two variants of one step from one line, each compiled once and reused: not recompiles;
+    # said once, at info, with the first difference at the user's line (--explain-graphs) or
+    # with the line that switches DDP's gradient sync
+    from tpukit.run.recompiles import recompile_findings
+
+    graphs = {"a": _hlo(CONST.format(value="2")),
+              "b": _hlo(CONST.format(value="2"), MUL.format(line=30))}
+    steps = [_at(1, "compile", ["a", "b"], 80)] + [_at(i, "execute", ["a", "b"], 80)
+                                                   for i in range(2, 7)]
+
+    def variants(script="train.py", **kwargs):
+        found = recompile_findings(steps, Loops(steps, 2), script, **kwargs).findings
+        return [f for f in found if f.extra.get("kind") == "variants"]
+
+    (said,) = variants(graphs=graphs)
+    assert said.severity is Severity.INFO and said.location.line == 80
+    assert said.extra["graph_diff"]["line"] == 30 and "train.py:30" in said.message
+    assert "each compiled once and reused" in said.message
+    assert variants() == []  # no HLO, no DDP: nothing the step times do not say already
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n# model.no_sync() is DDP's\nfor batch in data:\n"
+                      "    with model.no_sync():\n        loss.backward()\n")
+    (ddp,) = variants(str(script), models={"DistributedDataParallel"})
+    assert ddp.extra["sync_toggle"]["line"] == 4 and "`with model.no_sync():`" in ddp.message
+    # a line whose graphs differ from step to step is not a fixed set of variants
+    steps[4] = _at(5, "execute", ["a"], 80)
+    assert variants(graphs=graphs) == []

@@ -6,6 +6,7 @@ differs (graphs.py)."""
 
 from __future__ import annotations
 
+import ast
 from collections import Counter
 
 from dataclasses import dataclass, field
@@ -92,8 +93,99 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
                 "TPU701", f"step {step.index}: XLA compiled {step.compiles} new graph(s) "
                 f"({step.compile_s:.2f} s) after warm-up", step.boundary_at or (script, 1),
                 fails_on="recompile", step=step.index, compile_s=step.compile_s))
+    told = {(f.location.path, f.location.line) for f in findings
+            if f.extra.get("kind") in ("no-barrier", "read-cut")}
+    findings += [f for f in _variants(steps, loops, script, graphs or {}, DDP in (models or ()))
+                 if (f.location.path, f.location.line) not in told]
     found.findings = _across_steps(findings)
     return found
+
+
+def _variants(steps: list[Step], loops: Loops, script: str, graphs: dict,
+              ddp: bool) -> list[RunFinding]:
+    """A line that runs the same two or more graphs in every step after warm-up, each
+    compiled once (cached since): variants of one step, not recompiles, said once as info with
+    what tells them apart. DistributedDataParallel's gradient sync switched off on
+    micro-steps (gradient accumulation) is the common case: the last micro-step's backward
+    runs the all-reduce, the others do not."""
+    steady = [s for s in steps if loops.steady(s) and s.complete and s.kind == "train"]
+    runs: dict[tuple[str, int], dict[int, tuple[str, ...]]] = {}  # line -> step -> its graphs
+    compiled: dict[tuple[str, int], int] = {}  # line -> the last step that compiled from it
+    for step in steady:
+        for event in step.graphs:
+            line = _graph_line(event)
+            if line is None:
+                continue
+            graphs_run = runs.setdefault(line, {})
+            graphs_run[step.index] = tuple(dict.fromkeys((*graphs_run.get(step.index, ()),
+                                                          event.graph_hash)))
+            if event.kind == "compile":
+                compiled[line] = step.index
+    findings = []
+    for where, by_step in runs.items():
+        # the steps after the line's last compile (a recompile's own finding says that one)
+        after = [s.index for s in steady if s.index > compiled.get(where, 0)]
+        seen = {by_step.get(index) for index in after}
+        if len(after) < 2 or len(seen) != 1:
+            continue  # too few steps, or not the same graphs every step
+        (hashes,) = seen
+        if hashes is None or len(hashes) < 2:
+            continue
+        differ, extra = "", {}
+        first, second = hashes[0], hashes[1]
+        if first in graphs and second in graphs:
+            from tpukit.run.graphs import diff_graphs
+
+            difference = diff_graphs(graphs[first], graphs[second], is_user_file)
+            if difference is not None and difference.path and is_user_file(difference.path):
+                differ = (f"; they differ first at {Path(difference.path).name}:"
+                          f"{difference.line}: {difference.what}")
+                extra["graph_diff"] = {"what": difference.what, "op": difference.op,
+                                       "kind": difference.kind, "path": difference.path,
+                                       "line": difference.line}
+        toggle = _sync_toggle(script) if ddp else None
+        if toggle is not None:
+            line, code = toggle
+            why = (f". DistributedDataParallel's gradient all-reduce is switched at line {line} "
+                   f"(`{code}`): the micro-steps' backward skips it and the last one runs it, "
+                   "a graph each. Expected with gradient accumulation; nothing to fix")
+            extra["sync_toggle"] = {"path": script, "line": line}
+        elif differ:
+            why = (". Expected when a step runs this line more than once with different work "
+                   "(micro-steps, a step-dependent branch): each variant costs one compile and "
+                   "its memory, not a compile per step")
+        else:
+            continue  # nothing to tell the user that the step's time does not already
+        message = (f"this line runs {len(hashes)} different graphs in every step after warm-up "
+                   f"(hashes {', '.join(_short(h) for h in hashes)}), each compiled once and "
+                   f"reused{differ}{why}")
+        findings.append(finding("TPU701", message, where, Severity.INFO, None, kind="variants",
+                                graphs=list(hashes), **extra))
+    return findings
+
+
+def _sync_toggle(script: str) -> tuple[int, str] | None:
+    """The first statement of the script that switches DDP's gradient sync, with its code:
+    `model.require_backward_grad_sync = ...` (nanoGPT) or `with model.no_sync():`."""
+    try:
+        text = Path(script).read_text(encoding="utf-8", errors="replace")
+        tree = ast.parse(text)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    lines = text.splitlines()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Attribute) and t.attr == "require_backward_grad_sync"
+                for t in node.targets):
+            found.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "no_sync" and not node.args:
+            found.append(node.lineno)
+    if not found:
+        return None
+    line = min(found)
+    return line, " ".join(lines[line - 1].split())
 
 
 def _later_graphs(line, index: int, steps: list[Step]):

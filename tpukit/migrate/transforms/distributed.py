@@ -188,6 +188,15 @@ class ProcessGroup(Transform):
         new = value.visit(swap)
         if not swap.changed:
             return None
+        top = self.ctx.current_top
+        if self.ctx.package_module and isinstance(top, cst.ClassDef) and not self.ctx.functions:
+            # a field's default in library code (accelerate's InitProcessGroupKwargs): callers
+            # pass "nccl" themselves, and code compares fields with their defaults (its
+            # to_kwargs sends only what differs), so a new default sends their "nccl" on
+            self.ctx.report(self.rule, original, self.say(
+                "class_default", code=self.ctx.short(original), cls=top.name.value,
+                backend=backend), applied=False, fix=FixKind.NONE)
+            return None
         message = self.say("setting", code=self.ctx.short(original), backend=backend,
                            where=where)
 
