@@ -122,6 +122,7 @@ def _variants(steps: list[Step], loops: Loops, script: str, graphs: dict,
             if event.kind == "compile":
                 compiled[line] = step.index
     findings = []
+    toggle = _sync_toggle(script) if ddp and runs else None
     for where, by_step in runs.items():
         # the steps after the line's last compile (a recompile's own finding says that one)
         after = [s.index for s in steady if s.index > compiled.get(where, 0)]
@@ -143,7 +144,6 @@ def _variants(steps: list[Step], loops: Loops, script: str, graphs: dict,
                 extra["graph_diff"] = {"what": difference.what, "op": difference.op,
                                        "kind": difference.kind, "path": difference.path,
                                        "line": difference.line}
-        toggle = _sync_toggle(script) if ddp else None
         if toggle is not None:
             line, code = toggle
             why = (f". DistributedDataParallel's gradient all-reduce is switched at line {line} "

@@ -308,7 +308,6 @@ class CudaMethod(Transform):
         return self.fix_or_report(original, self.say("method", code=self.ctx.short(original)),
                                   build)
 
-
     def _own_cuda(self, receiver: cst.BaseExpression) -> tuple[str, str] | None:
         """(class, its module) when the enclosing function tests the receiver with
         `isinstance(receiver, C)` and C comes from a package other than torch: that class's
