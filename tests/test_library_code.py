@@ -1115,3 +1115,88 @@ def test_a_backend_default_of_a_library_class_field_is_left(tmp_path):
     assert "a field of `InitProcessGroupKwargs` in library code" in left[0].message
     # a script's own config class is its program's setting: ported
     assert 'backend: Optional[str] = "xla"' in out(CONFIG_CLASS)
+
+
+def _package(tmp_path, source: str, name: str = "lib.py"):
+    (tmp_path / "__init__.py").write_text("")
+    return migrate_source(textwrap.dedent(source).lstrip("\n"), str(tmp_path / name), ALL)
+
+
+def test_a_library_function_saving_what_it_was_given_keeps_torch_save(tmp_path):
+    # timm's repghost_model_convert: xm.save would start the runtime (a later torch_xla.launch
+    # fails) and write on the master only; torch.save writes XLA tensors too
+    source = """
+        import copy
+        import torch
+
+        def model_convert(model, save_path=None):
+            model = copy.deepcopy(model)
+            if save_path is not None:
+                torch.save(model.state_dict(), save_path)
+            return model
+
+        def save_on_device(model, path):
+            model.cuda()
+            torch.save(model.state_dict(), path)
+        """
+    result = _package(tmp_path, source)
+    assert "        torch.save(model.state_dict(), save_path)\n" in result.new_source
+    assert "    xm.save(model.state_dict(), path)\n" in result.new_source  # device code
+    (left,) = [f for f in result.findings if f.code == "TPU304" and not f.applied]
+    assert left.location.line == 7 and left.severity.value == "info"
+    assert "in library code saves what its caller passed" in left.message
+    # a script's helper is its program's: ported
+    assert "xm.save(model.state_dict(), save_path)" in out(source)
+
+
+def test_module_of_a_data_parallel_name_in_another_library_method_is_left(tmp_path):
+    # transformers' Trainer: `model = nn.DataParallel(model)` in _wrap_model made every
+    # `model.module` of the file lose a `.module`, _save_tpu's `model.module.module` (XLA
+    # FSDP's wrapper around the model) too: save_pretrained was skipped on TPU
+    source = """
+        import torch
+        from torch import nn
+
+        class Trainer:
+            def _wrap_model(self, model):
+                if torch.cuda.device_count() > 1:
+                    model = nn.DataParallel(model)
+                return model.module
+
+            def _save_tpu(self):
+                model = self.model
+                model = model.module.module
+                return model
+        """
+    new = _package(tmp_path, source).new_source
+    assert "        model = model.module.module\n" in new
+    assert "        return model\n" in new.split("def _save_tpu")[0]  # the wrapping scope's
+    script = out(source)
+    assert "model = model.module\n" in script  # a script's names are one program's
+
+
+def test_a_library_guard_that_only_moves_tensors_to_the_gpu_stays_cudas(tmp_path):
+    # transformers' mxfp4 dequantizer: computing on the GPU when there is one; on a TPU the
+    # move would start the runtime inside from_pretrained
+    source = """
+        import torch
+
+        def dequantize(blocks, scales):
+            if torch.cuda.is_available():
+                blocks = blocks.cuda()
+                scales = scales.cuda()
+            return blocks * scales
+
+        def on_device(x):
+            if torch.cuda.is_available():
+                x = x.cuda()
+                x = x * 2
+            return x
+        """
+    result = _package(tmp_path, source)
+    first, second = result.new_source.split("def on_device")
+    assert "    if torch.cuda.is_available():\n" in first
+    assert "bool(xr.device_type())" in second  # it computes there too: ported
+    (left,) = [f for f in result.findings if f.code == "TPU110" and not f.applied]
+    assert left.location.line == 4 and "only to compute faster" in left.message
+    assert "if torch.cuda.is_available():" not in out(source)  # a script's move is the port

@@ -53,6 +53,13 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
             # a guard that leaves the block)
             deferred.append((key, None))
             continue
+        moved = _only_moves(ctx, guarded) if ctx.package_module else None
+        if moved is not None:
+            # transformers' mxfp4 dequantizer: `if not blocks.is_cuda and
+            # torch.cuda.is_available(): blocks = blocks.cuda()` computes on the GPU when there
+            # is one; on a TPU it would start the runtime inside from_pretrained and compile
+            restore[key] = _put_back(ctx, key, moved, "where_speed")
+            continue
         # A value chosen by the guard that names a GPU ("-gpu" packages) is CUDA's too; in a
         # statement a string is a message ("batch did not land on the GPU").
         left = residual_cuda(ctx, guarded, isinstance(updated, cst.IfExp), half=True) \
@@ -70,6 +77,24 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
     if deferred:
         ctx.guarded_after[id(updated)] = deferred
     return updated
+
+
+def _only_moves(ctx: MigrationContext, guarded) -> str | None:
+    """The first statement, when every statement of `guarded` moves a value to the device
+    and keeps it under its own name (`x = x.cuda()`, `x = x.to(...)`), else None."""
+    if not isinstance(guarded, cst.IndentedBlock) or not guarded.body:
+        return None
+    for stmt in guarded.body:
+        if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+            return None
+        small = stmt.body[0]
+        if not (isinstance(small, cst.Assign) and len(small.targets) == 1
+                and isinstance(small.value, cst.Call)
+                and isinstance(small.value.func, cst.Attribute)
+                and small.value.func.attr.value in ("to", "cuda")
+                and ctx.code(small.value.func.value) == ctx.code(small.targets[0].target)):
+            return None
+    return ctx.short(guarded.body[0])
 
 
 # Other vendors' GPUs: `not torch.cuda.is_available() and not torch.xpu.is_available()` asks

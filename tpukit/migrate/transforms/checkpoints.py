@@ -7,7 +7,7 @@ import re
 
 import libcst as cst
 
-from tpukit.findings import FixKind
+from tpukit.findings import FixKind, Severity
 
 from tpukit.migrate.context import is_cuda_device_string, keyword_arg, terminal_name
 from tpukit.migrate.transforms.base import Transform, transform
@@ -60,6 +60,10 @@ def _is_container(expr: cst.BaseExpression) -> bool:
             and expr.func.value in ("dict", "list", "tuple"))
 
 
+# What says a function works with a device: its tensors may be XLA's, which xm.save is for.
+_DEVICE_CODE = re.compile(r"\b(?:cuda|device|xla|xm|xr|accelerator|tpu)\b|\.to\(", re.I)
+
+
 @transform("TPU304")
 class CheckpointSave(Transform):
     def leave_Call(self, node: cst.Call, updated: cst.Call):
@@ -90,6 +94,13 @@ class CheckpointSave(Transform):
             # the file is loaded back (accelerate then silently restores no RNG at all)
             self.ctx.report(self.rule, node, self.say("rng_tuples", code=self.ctx.short(node)),
                             applied=False, fix=FixKind.NONE)
+            return None
+        if self.ctx.package_module and self.ctx.functions \
+                and not _DEVICE_CODE.search(self.ctx.scope_text()):
+            # a library function saving what its caller passed (timm's repghost_model_convert):
+            # xm.save would start the runtime there and write on the master only
+            self.ctx.report(self.rule, node, self.say("library", code=self.ctx.short(node)),
+                            applied=False, fix=FixKind.NONE, severity=Severity.INFO)
             return None
         if self._per_rank(node):
             # xm.save writes on the master only: the other ranks' files would never be written.

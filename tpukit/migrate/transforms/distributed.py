@@ -472,6 +472,11 @@ class DataParallel(Transform):
             return None
         if self.ctx.code(original.value) not in self._wrapped_names():
             return None
+        if self.ctx.package_module and self.ctx.code(original.value) not in set(
+                _DATA_PARALLEL_ASSIGN.findall(self.ctx.scope_text())):
+            # library code: a method's own `model` (transformers' Trainer._save_tpu, where
+            # `model.module.module` unwraps XLA FSDP) is not the one another method wrapped
+            return None
         if not self.ctx.can_fix(self.rule):
             return None
         return updated.value
