@@ -1200,3 +1200,16 @@ def test_a_library_guard_that_only_moves_tensors_to_the_gpu_stays_cudas(tmp_path
     (left,) = [f for f in result.findings if f.code == "TPU110" and not f.applied]
     assert left.location.line == 4 and "only to compute faster" in left.message
     assert "if torch.cuda.is_available():" not in out(source)  # a script's move is the port
+
+
+def test_a_library_guard_that_casts_is_not_a_move(tmp_path):
+    source = """
+        import torch
+
+        def prepare(x):
+            if torch.cuda.is_available():
+                x = x.to(torch.float16)
+            return x
+        """
+    result = _package(tmp_path, source)
+    assert not [f for f in result.findings if "only to compute faster" in f.message]

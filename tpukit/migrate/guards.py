@@ -79,6 +79,9 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
     return updated
 
 
+_NAMES_DEVICE = re.compile(r"device|cuda|xla|tpu", re.I)
+
+
 def _only_moves(ctx: MigrationContext, guarded) -> str | None:
     """The first statement, when every statement of `guarded` moves a value to the device
     and keeps it under its own name (`x = x.cuda()`, `x = x.to(...)`), else None."""
@@ -91,9 +94,12 @@ def _only_moves(ctx: MigrationContext, guarded) -> str | None:
         if not (isinstance(small, cst.Assign) and len(small.targets) == 1
                 and isinstance(small.value, cst.Call)
                 and isinstance(small.value.func, cst.Attribute)
-                and small.value.func.attr.value in ("to", "cuda")
+                and (small.value.func.attr.value == "cuda" or (
+                    small.value.func.attr.value == "to"
+                    and _NAMES_DEVICE.search(ctx.code(small.value.args[0]) if small.value.args
+                                             else "")))
                 and ctx.code(small.value.func.value) == ctx.code(small.targets[0].target)):
-            return None
+            return None  # not a move (`x = x.to(torch.float16)` is a cast)
     return ctx.short(guarded.body[0])
 
 
