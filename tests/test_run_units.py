@@ -404,8 +404,18 @@ def test_graphs_a_line_runs_in_every_step_are_said_once_with_what_tells_them_apa
     script = tmp_path / "train.py"
     script.write_text("import torch\n# model.no_sync() is DDP's\nfor batch in data:\n"
                       "    with model.no_sync():\n        loss.backward()\n")
+    for step in steps:  # the graphs come from the script's line 5, after the switch
+        step.graphs = [GraphEvent(g.kind, g.graph_hash, frames=[("f", str(script), 5)])
+                       for g in step.graphs]
     (ddp,) = variants(str(script), models={"DistributedDataParallel"})
     assert ddp.extra["sync_toggle"]["line"] == 4 and "`with model.no_sync():`" in ddp.message
+    for step in steps:  # a line before the switch is not one it governs
+        step.graphs = [GraphEvent(g.kind, g.graph_hash, frames=[("f", str(script), 3)])
+                       for g in step.graphs]
+    assert variants(str(script), models={"DistributedDataParallel"}) == []
+    for step in steps:
+        step.graphs = [GraphEvent(g.kind, g.graph_hash, frames=[("f", "/tmp/train.py", 80)])
+                       for g in step.graphs]
     # a line whose graphs differ from step to step is not a fixed set of variants
     steps[4] = _at(5, "execute", ["a"], 80)
     assert variants(graphs=graphs) == []

@@ -144,7 +144,8 @@ def _variants(steps: list[Step], loops: Loops, script: str, graphs: dict,
                 extra["graph_diff"] = {"what": difference.what, "op": difference.op,
                                        "kind": difference.kind, "path": difference.path,
                                        "line": difference.line}
-        if toggle is not None:
+        if toggle is not None and _same_file(where[0], script) and toggle[0] < where[1]:
+            # the switch comes before the line, in the script: the micro-steps it governs
             line, code = toggle
             why = (f". DistributedDataParallel's gradient all-reduce is switched at line {line} "
                    f"(`{code}`): the micro-steps' backward skips it and the last one runs it, "
@@ -162,6 +163,13 @@ def _variants(steps: list[Step], loops: Loops, script: str, graphs: dict,
         findings.append(finding("TPU701", message, where, Severity.INFO, None, kind="variants",
                                 graphs=list(hashes), **extra))
     return findings
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
 
 
 def _sync_toggle(script: str) -> tuple[int, str] | None:
