@@ -1213,3 +1213,30 @@ def test_a_library_guard_that_casts_is_not_a_move(tmp_path):
         """
     result = _package(tmp_path, source)
     assert not [f for f in result.findings if "only to compute faster" in f.message]
+
+
+def test_no_barrier_in_a_library_function_that_does_nothing_with_a_device(tmp_path):
+    # DeepSpeed's superoffload step and ZenFlow's CPU-Adam child process: the barrier started
+    # the XLA runtime (and claimed the TPU) where no XLA tensor ever is
+    source = """
+        import torch
+
+        def optimizer_process(pipe, optimizer):
+            while True:
+                msg = pipe.recv()
+                optimizer.step()
+                pipe.send("done")
+
+        def train(model, optimizer, batches):
+            model.cuda()
+            for x in batches:
+                model(x.cuda()).sum().backward()
+                optimizer.step()
+        """
+    result = _package(tmp_path, source)
+    first, second = result.new_source.split("def train")
+    assert "sync()" not in first and "torch_xla.sync()" in second
+    (left,) = [f for f in result.findings if f.code == "TPU303" and not f.applied]
+    assert left.location.line == 6 and left.severity.value == "info"
+    assert "does nothing with a device" in left.message
+    assert out(source).count("torch_xla.sync()") == 2  # a script's loops are its program's

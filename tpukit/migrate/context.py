@@ -30,6 +30,8 @@ from tpukit.migrate.nodes import (  # noqa: F401 - the helpers rule code imports
 )
 from tpukit.migrate.sink import IMPORTS, EditSink, Report  # noqa: F401
 
+# What says code works with a device: its tensors may be XLA's.
+_DEVICE_CODE = re.compile(r"\b(?:cuda|device|xla|xm|xr|accelerator|tpu)\b|\.to\(", re.I)
 LAUNCH_CALL = re.compile(r"\b(?:mp|multiprocessing|torch_xla)\.(?:spawn|launch)\(|\bspawn\(")
 
 
@@ -105,6 +107,15 @@ class MigrationContext:
         scope = self.functions[-1] if self.functions else None
         return self.memo(("scope_text", id(scope)),
                          lambda: self.code(scope) if scope is not None else self.source)
+
+    def library_hands_off(self) -> bool:
+        """Is the current code a function of library code (a package module) that does
+        nothing with a device? What it is given is its caller's (CPU data, DeepSpeed's CPU
+        Adam in a child process): a barrier or `xm.save` there would start the XLA runtime
+        where the original never touched a device."""
+        if not self.package_module or not self.functions:
+            return False
+        return not _DEVICE_CODE.search(self.scope_text())
 
     def in_launcher(self) -> bool:
         """Is the current code in the scope (function, or the module's top level) that calls

@@ -60,10 +60,6 @@ def _is_container(expr: cst.BaseExpression) -> bool:
             and expr.func.value in ("dict", "list", "tuple"))
 
 
-# What says a function works with a device: its tensors may be XLA's, which xm.save is for.
-_DEVICE_CODE = re.compile(r"\b(?:cuda|device|xla|xm|xr|accelerator|tpu)\b|\.to\(", re.I)
-
-
 @transform("TPU304")
 class CheckpointSave(Transform):
     def leave_Call(self, node: cst.Call, updated: cst.Call):
@@ -95,8 +91,7 @@ class CheckpointSave(Transform):
             self.ctx.report(self.rule, node, self.say("rng_tuples", code=self.ctx.short(node)),
                             applied=False, fix=FixKind.NONE)
             return None
-        if self.ctx.package_module and self.ctx.functions \
-                and not _DEVICE_CODE.search(self.ctx.scope_text()):
+        if self.ctx.library_hands_off():
             # a library function saving what its caller passed (timm's repghost_model_convert):
             # xm.save would start the runtime there and write on the master only
             self.ctx.report(self.rule, node, self.say("library", code=self.ctx.short(node)),

@@ -12,6 +12,7 @@ import re
 
 import libcst as cst
 
+from tpukit.findings import FixKind, Severity
 from tpukit.migrate.context import dotted, find_keyword, terminal_name
 from tpukit.migrate.transforms.base import Transform, transform
 
@@ -517,6 +518,15 @@ class StepBarrier(Transform):
 
     def visit_While(self, node):
         self._loop(node)
+
+    def fix_or_report(self, node, message, build, fix=None):
+        if self.ctx.library_hands_off():
+            # DeepSpeed's superoffload step and ZenFlow's CPU-Adam child: no XLA tensor is
+            # there, and the barrier would start the runtime (and claim the TPU) in them
+            self.ctx.report(self.rule, node, self.say("library"), applied=False,
+                            fix=FixKind.NONE, severity=Severity.INFO)
+            return None
+        return super().fix_or_report(node, message, build, fix)
 
     def _sync_line(self) -> cst.SimpleStatementLine:
         return cst.SimpleStatementLine([cst.Expr(self.ctx.expr("torch_xla.sync()"))])
