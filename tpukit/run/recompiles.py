@@ -109,16 +109,14 @@ def _variants(steps: list[Step], loops: Loops, script: str, graphs: dict,
     micro-steps (gradient accumulation) is the common case: the last micro-step's backward
     runs the all-reduce, the others do not."""
     steady = [s for s in steps if loops.steady(s) and s.complete and s.kind == "train"]
-    runs: dict[tuple[str, int], dict[int, tuple[str, ...]]] = {}  # line -> step -> its graphs
+    runs: dict[tuple[str, int], dict[int, list[str]]] = {}  # line -> step -> the graphs it ran
     compiled: dict[tuple[str, int], int] = {}  # line -> the last step that compiled from it
     for step in steady:
         for event in step.graphs:
             line = _graph_line(event)
             if line is None:
                 continue
-            graphs_run = runs.setdefault(line, {})
-            graphs_run[step.index] = tuple(dict.fromkeys((*graphs_run.get(step.index, ()),
-                                                          event.graph_hash)))
+            runs.setdefault(line, {}).setdefault(step.index, []).append(event.graph_hash)
             if event.kind == "compile":
                 compiled[line] = step.index
     findings = []
@@ -126,11 +124,11 @@ def _variants(steps: list[Step], loops: Loops, script: str, graphs: dict,
     for where, by_step in runs.items():
         # the steps after the line's last compile (a recompile's own finding says that one)
         after = [s.index for s in steady if s.index > compiled.get(where, 0)]
-        seen = {by_step.get(index) for index in after}
+        seen = {tuple(dict.fromkeys(by_step.get(index, ()))) for index in after}
         if len(after) < 2 or len(seen) != 1:
             continue  # too few steps, or not the same graphs every step
         (hashes,) = seen
-        if hashes is None or len(hashes) < 2:
+        if len(hashes) < 2:
             continue
         differ, extra = "", {}
         first, second = hashes[0], hashes[1]
@@ -139,11 +137,8 @@ def _variants(steps: list[Step], loops: Loops, script: str, graphs: dict,
 
             difference = diff_graphs(graphs[first], graphs[second], is_user_file)
             if difference is not None and difference.path and is_user_file(difference.path):
-                differ = (f"; they differ first at {Path(difference.path).name}:"
-                          f"{difference.line}: {difference.what}")
-                extra["graph_diff"] = {"what": difference.what, "op": difference.op,
-                                       "kind": difference.kind, "path": difference.path,
-                                       "line": difference.line}
+                differ = f"; they differ first at {_at(difference)}: {difference.what}"
+                extra["graph_diff"] = _diff_fields(difference)
         if toggle is not None and _same_file(where[0], script) and toggle[0] < where[1]:
             # the switch comes before the line, in the script: the micro-steps it governs
             line, code = toggle
@@ -443,6 +438,17 @@ def _recompile(step: Step, event, previous: Step | None, compile_s: float,
     return None, "recompile", message, extra
 
 
+def _at(difference) -> str:
+    return (f"{Path(difference.path).name}:{difference.line}" if difference.path
+            else "an unknown line")
+
+
+def _diff_fields(difference) -> dict:
+    """A graph difference as a finding's `graph_diff`."""
+    return {"what": difference.what, "op": difference.op, "kind": difference.kind,
+            "path": difference.path, "line": difference.line}
+
+
 def _graph_difference(cause: str, extra: dict, where, graphs: dict, before: str,
                       after: str) -> tuple[str, tuple[str, int]]:
     """The cause said from the two graphs' HLO: the first instruction that differs, at its
@@ -454,9 +460,8 @@ def _graph_difference(cause: str, extra: dict, where, graphs: dict, before: str,
     difference = diff_graphs(graphs[before], graphs[after], is_user_file)
     if difference is None:
         return cause, where
-    at = f"{Path(difference.path).name}:{difference.line}" if difference.path else "an unknown line"
-    extra["graph_diff"] = {"what": difference.what, "op": difference.op, "kind": difference.kind,
-                           "path": difference.path, "line": difference.line,
+    at = _at(difference)
+    extra["graph_diff"] = {**_diff_fields(difference),
                            "ops": [len(graphs[before]), len(graphs[after])]}
     head = cause.split(": look for Python numbers", 1)[0]  # the diff says what to look at
     sizes = f"{len(graphs[before])} -> {len(graphs[after])} HLO instructions"

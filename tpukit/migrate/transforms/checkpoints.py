@@ -8,7 +8,6 @@ import re
 import libcst as cst
 
 from tpukit.findings import FixKind, Severity
-
 from tpukit.migrate.context import is_cuda_device_string, keyword_arg, terminal_name
 from tpukit.migrate.transforms.base import Transform, transform
 from tpukit.migrate.transforms.devices import names_a_device

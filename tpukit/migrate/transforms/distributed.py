@@ -472,8 +472,10 @@ class DataParallel(Transform):
             return None
         if self.ctx.code(original.value) not in self._wrapped_names():
             return None
-        if self.ctx.package_module and self.ctx.code(original.value) not in set(
-                _DATA_PARALLEL_ASSIGN.findall(self.ctx.scope_text())):
+        scope = self.ctx.scope_text()  # one string per scope (memoized): a cheap memo key
+        if self.ctx.package_module and self.ctx.code(original.value) not in self.ctx.memo(
+                ("data_parallel_in_scope", scope),
+                lambda: set(_DATA_PARALLEL_ASSIGN.findall(scope))):
             # library code: a method's own `model` (transformers' Trainer._save_tpu, where
             # `model.module.module` unwraps XLA FSDP) is not the one another method wrapped
             return None
