@@ -1240,3 +1240,75 @@ def test_no_barrier_in_a_library_function_that_does_nothing_with_a_device(tmp_pa
     assert left.location.line == 6 and left.severity.value == "info"
     assert "does nothing with a device" in left.message
     assert out(source).count("torch_xla.sync()") == 2  # a script's loops are its program's
+
+
+def test_a_library_barrier_waits_on_its_callers_process_group(tmp_path):
+    # lightning's DDPStrategy.barrier: its gloo branch is CPU DDP on a TPU host (XLAStrategy
+    # has its own barrier); as xm.rendezvous it held no rank back there
+    source = """
+        import torch
+
+        def barrier(self):
+            if torch.distributed.get_backend() == "nccl":
+                torch.distributed.barrier(device_ids=self.device_ids())
+            else:
+                torch.distributed.barrier()
+        """
+    result = _package(tmp_path, source)
+    assert ('        xm.rendezvous("barrier") if torch.distributed.get_backend() == "xla"'
+            ' else torch.distributed.barrier()\n') in result.new_source
+    # a script that makes its own NCCL group is its program: its barrier is the rendezvous
+    script = out(source.replace("def barrier(self):", "def barrier(self):\n"
+                                "            torch.distributed.init_process_group('nccl')"))
+    assert '        xm.rendezvous("barrier")\n' in script
+
+
+def test_a_gpu_count_a_function_named_for_gpus_returns_is_left():
+    # transformers' testing_utils.get_gpu_count(): as torch_xla.device_count() it started the
+    # runtime in the test parent and counted TPU chips as GPUs
+    result = migrate("""
+        import torch
+
+        def get_gpu_count():
+            return torch.cuda.device_count()
+
+        def world_size():
+            return torch.cuda.device_count()
+        """)
+    assert "    return torch.cuda.device_count()\n\ndef world_size" in result.new_source
+    assert result.new_source.endswith("    return torch_xla.device_count()\n")
+    (left,) = [f for f in result.findings if not f.applied]
+    assert left.code == "TPU110" and left.location.line == 4
+    assert "not the XLA device count" in left.message
+
+
+def test_a_device_test_whose_other_branch_refuses_for_cuda_stays():
+    # fairscale's pipe balance profile_sizes: CUDA memory around each layer's forward (0 on a
+    # lazy XLA forward), so it refuses every device but CUDA
+    source = """
+        import torch
+
+        def profile_sizes(module, device):
+            if device.type != "cuda":
+                raise ValueError("size profiler supports only CUDA device")
+            x = torch.zeros(2).cuda()
+            return module(x)
+
+        def profile(module, device):
+            if device.type != "cuda":
+                raise ValueError("bad device")
+            return module(torch.zeros(2).to(device))
+
+        def timed(module, device):
+            if device.type != "cuda":
+                raise ValueError(f"{module} needs a GPU")
+            return module(torch.zeros(2).to(device))
+        """
+    result = migrate(source)
+    first, second = result.new_source.split("def profile(")
+    assert '    if device.type != "cuda":\n' in first
+    second, third = second.split("def timed(")
+    assert '    if device.type != "xla":\n' in second  # a message that says no GPU: ported
+    assert '    if device.type != "cuda":\n' in third
+    left = [f for f in result.findings if f.code == "TPU104" and not f.applied]
+    assert [f.location.line for f in left] == [4, 15] and "only CUDA device" in left[0].message

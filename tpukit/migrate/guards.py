@@ -41,8 +41,11 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
         guarded = updated.orelse if negated != polarity else updated.body
         other = updated.body if negated != polarity else updated.orelse
         # `if device.type != "cuda": throw_on_non_cuda(device)`: the other branch says the
-        # test is about CUDA too (torch's Philox decompositions)
-        named = residual_cuda(ctx, other) if isinstance(other, cst.BaseSuite) else None
+        # test is about CUDA too (torch's Philox decompositions); a branch that raises says
+        # so in its message (fairscale's size profiler: `raise ValueError("... only CUDA
+        # device")` before reading CUDA memory around each layer, 0 on a lazy XLA forward)
+        named = (residual_cuda(ctx, other) or _refusal(other)) \
+            if isinstance(other, cst.BaseSuite) else None
         if named is not None:
             restore[key] = _put_back(ctx, key, named, "where_other_branch")
             continue
@@ -213,11 +216,32 @@ def restore_loop(ctx: MigrationContext, updated: cst.For):
     return updated.with_changes(iter=updated.iter.visit(_Restore(restore)))
 
 
-def _exits(body: cst.BaseSuite) -> bool:
+def _last_statement(body: cst.BaseSuite):
     last = body.body[-1] if body.body else None
     if isinstance(last, cst.SimpleStatementLine):
         last = last.body[-1] if last.body else None
-    return isinstance(last, (cst.Return, cst.Raise, cst.Continue, cst.Break))
+    return last
+
+
+# "supports only CUDA device", "requires a GPU", "CUDA is required": a refusal of every other
+# device ("batch did not land on the GPU" is a check that holds on any device).
+_REFUSES_OTHERS = re.compile(r"\b(?:only|requires?|needs?|supports?)\b.*\b(?:cuda|gpus?)\b|"
+                             r"\b(?:cuda|gpus?)\b.*\b(?:only|required|needed)\b", re.I)
+
+
+def _refusal(body: cst.BaseSuite) -> str | None:
+    """The message of the exception `body` ends by raising, where it refuses every device but
+    CUDA, else None."""
+    last = _last_statement(body)
+    if not isinstance(last, cst.Raise) or last.exc is None:
+        return None
+    return first(last.exc, lambda n: n.value if isinstance(
+        n, (cst.SimpleString, cst.FormattedStringText)) and _REFUSES_OTHERS.search(n.value)
+        else None)
+
+
+def _exits(body: cst.BaseSuite) -> bool:
+    return isinstance(_last_statement(body), (cst.Return, cst.Raise, cst.Continue, cst.Break))
 
 
 def restore_flags(ctx: MigrationContext, updated: cst.Assign):

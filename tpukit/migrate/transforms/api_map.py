@@ -13,14 +13,17 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
   file_lacks  a regular expression; where the file does not match it, `lacking_statements`
               (and `lacking_note`) are used instead of `statements` (`{call}`: the call's
               code, `{owner}`: what its function is an attribute of)
+  lacking_in_package  true: in a package module (library code) the lacking form is used
+              whatever the file says
   otherwise   the finding's message for a call `when` does not match (no rewrite)
   as_device   the `replace` template where the call's value is used as a device (`.to(...)`,
               `device=`, `map_location=`, a `device_map` dict; `as_device_note`: its note)
   as_type     the `replace` template where only the value's `.type` is read
               (`current_accelerator().type`: the string "xla", which starts nothing;
               `as_type_note`: its note)
-  gpu_count   no rewrite where the value is stored in a name that says gpu (`n_gpu`): the
-              finding's message (a GPU count drives DataParallel and batch scaling)
+  gpu_count   no rewrite where the value is stored in a name that says gpu (`n_gpu`), or is
+              what a function named for GPUs returns (`def get_gpu_count(): return ...`):
+              the finding's message (a GPU count drives DataParallel and batch scaling)
   before_launch  the `replace` template to use instead in a launcher's scope (the function or
               top level that calls mp.spawn / torch_xla.launch), where the XLA runtime must
               not be initialised yet (`before_launch_note`: its note, `before_launch_helper`:
@@ -55,6 +58,8 @@ class CallMap(Transform):
         # (`get_device_properties(torch.cuda.current_device())`: an XLA index there would name
         # CUDA device 0)
         self.unported: set[int] = set()
+        # id() of the values returned by a function whose name says gpu (`get_gpu_count`)
+        self.gpu_returns: set[int] = set()
 
     def _entry(self, call: cst.BaseExpression,
                report_otherwise: bool = False) -> tuple[str, dict] | tuple[None, None]:
@@ -100,7 +105,9 @@ class CallMap(Transform):
             )
         else:
             statements = entry["statements"]
-            if "file_lacks" in entry and not re.search(entry["file_lacks"], self.ctx.source):
+            if "file_lacks" in entry and (
+                    not re.search(entry["file_lacks"], self.ctx.source)
+                    or (entry.get("lacking_in_package") and self.ctx.package_module)):
                 statements = entry["lacking_statements"]
                 entry = {**entry, "note": entry.get("lacking_note", entry.get("note"))}
             texts = [self._format(t, call) for t in statements]
@@ -133,6 +140,12 @@ class CallMap(Transform):
                 and "device" in function.name.value.lower()
                 and "index" not in function.name.value.lower()):
             self.device_arguments.add(id(node.value))
+        # transformers' testing_utils.get_gpu_count(): a GPU count for the tests that need
+        # several GPUs; as `torch_xla.device_count()` it started the runtime in the test parent
+        # and counted TPU chips as GPUs
+        if isinstance(function, cst.FunctionDef) and "gpu" in function.name.value.lower() \
+                and node.value is not None:
+            self.gpu_returns.add(id(node.value))
 
     def _held(self, call: cst.Call, held: str, new: str) -> None:
         """`held` is read as an attribute name (`getattr(torch, device_type)`, diffusers'
@@ -210,8 +223,9 @@ class CallMap(Transform):
             template = entry["before_launch"]
             entry = {**entry, "note": entry.get("before_launch_note", entry.get("note")),
                      "helper": entry.get("before_launch_helper")}
-        elif "gpu_count" in entry and any("gpu" in n.lower() for n in (
-                self.ctx.assign_targets[-1] if self.ctx.assign_targets else ())):
+        elif "gpu_count" in entry and (id(node) in self.gpu_returns or any(
+                "gpu" in n.lower() for n in (
+                    self.ctx.assign_targets[-1] if self.ctx.assign_targets else ()))):
             self._manual(node, entry["gpu_count"])  # `self._n_gpu = ...`: DataParallel's count
             return None
         elif self.ctx.at_import_time() and STARTS_RUNTIME.search(template):
