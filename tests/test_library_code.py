@@ -1312,3 +1312,105 @@ def test_a_device_test_whose_other_branch_refuses_for_cuda_stays():
     assert '    if device.type != "cuda":\n' in third
     left = [f for f in result.findings if f.code == "TPU104" and not f.applied]
     assert [f.location.line for f in left] == [4, 15] and "only CUDA device" in left[0].message
+
+
+def test_a_device_map_dict_assigned_to_a_name_holds_the_device_not_its_index():
+    # transformers' quantizers: `device_map = {"": torch.cuda.current_device()}`; an index in a
+    # device_map is CUDA device 0 to accelerate
+    new = out("""
+        import torch
+
+        def update_device_map(device_map):
+            if device_map is None:
+                device_map = {"": torch.cuda.current_device()}
+            index = torch.cuda.current_device()
+            return device_map, index
+        """)
+    assert 'device_map = {"": torch_xla.device()}' in new
+    assert "index = torch_xla.device().index" in new
+
+
+@pytest.mark.parametrize("module", ["bitsandbytes/nn/modules.py", "quantizers/quantizer_bnb_4bit.py",
+                                    "utils/bnb.py"])
+def test_a_cuda_only_librarys_own_code_and_integration_are_not_rewritten(tmp_path, module):
+    # bitsandbytes' own package and its integrations (transformers, diffusers, accelerate):
+    # flipped, their CUDA checks put 4-bit models on XLA, where bitsandbytes has no kernels
+    path = tmp_path / module
+    path.parent.mkdir(parents=True)
+    for folder in [path.parent, *path.parent.parents]:
+        if folder == tmp_path:
+            break
+        (folder / "__init__.py").write_text("")
+    source = ('import torch\n\ndef update_device_map(device_map):\n'
+              '    if torch.cuda.is_available():\n'
+              '        device_map = {"": torch.cuda.current_device()}\n    return device_map\n')
+    result = migrate_source(source, str(path), ALL)
+    assert result.new_source == source
+    assert result.findings and all(not f.applied for f in result.findings)
+    assert "bitsandbytes, a CUDA-only library" in result.findings[0].message
+
+
+def test_a_cuda_check_in_library_code_is_left(tmp_path):
+    # transformers' generate: `valid_hardware = self.device.type == "cuda"` turns on
+    # torch.compile with inductor, which raised KeyError: 'xla' on XLA (torch 2.9, XLA:CPU)
+    source = """
+        import torch
+
+        def _valid_auto_compile_criteria(self):
+            valid_hardware = self.device.type == "cuda" or self.compile_all
+            return valid_hardware and not self.weight.is_cuda
+        """
+    result = _package(tmp_path, source)
+    assert result.new_source == textwrap.dedent(source).lstrip("\n")
+    left = [f for f in result.findings if f.code in ("TPU103", "TPU104")]
+    assert sorted(f.code for f in left) == ["TPU103", "TPU104"]
+    assert all(not f.applied and f.severity.value == "warning" for f in left)
+    assert "in library code picks the library's CUDA path" in left[0].message
+    assert 'self.device.type == "xla"' in out(source)  # a script's check is its program's
+
+
+def test_no_barrier_in_library_code_that_cuts_its_own_graphs(tmp_path):
+    # diffusers' pipelines import torch_xla themselves and call `xm.mark_step()` where they
+    # want their graphs cut: a sync in a guidance loop, or around long-video chunks, is one
+    # barrier too many
+    source = """
+        import torch
+        try:
+            import torch_xla.core.xla_model as xm
+        except ImportError:
+            xm = None
+
+        @torch.no_grad()
+        def generate(model, idx, steps):
+            for _ in range(steps):
+                logits = model(idx.cuda())
+                nxt = torch.multinomial(logits.softmax(-1), 1)
+                idx = torch.cat((idx, nxt), 1)
+            return idx
+        """
+    result = _package(tmp_path, source)
+    assert "torch_xla.sync()" not in result.new_source
+    (left,) = [f for f in result.findings if f.code == "TPU303"]
+    assert not left.applied and "imports torch_xla itself" in left.message
+    assert "torch_xla.sync()" in out(source)  # a script's loops are its program's
+
+
+def test_no_barrier_inside_a_library_models_forward(tmp_path):
+    # transformers' xLSTM: a chunked inference loop in forward that carries its state
+    source = """
+        import torch
+
+        class Model(torch.nn.Module):
+            @torch.no_grad()
+            def forward(self, idx, steps):
+                for _ in range(steps):
+                    logits = self.head(idx.cuda())
+                    nxt = torch.multinomial(logits.softmax(-1), 1)
+                    idx = torch.cat((idx, nxt), 1)
+                return idx
+        """
+    result = _package(tmp_path, source)
+    assert "torch_xla.sync()" not in result.new_source
+    (left,) = [f for f in result.findings if f.code == "TPU303"]
+    assert not left.applied and "inside `forward`" in left.message
+    assert "torch_xla.sync()" in out(source)

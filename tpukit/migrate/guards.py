@@ -503,7 +503,7 @@ def cuda_only_function(node: cst.FunctionDef) -> str | None:
     name = node.name.value.lower()
     if "cuda" in name or "triton" in name:
         return engine_say("migrate", "why_named_cuda", name=node.name.value)
-    library = _names_cuda_library(name)
+    library = names_cuda_library(name)
     if library is not None:
         # transformers' `is_flash_attn_3_available`, `is_bitsandbytes_available`: a check for
         # a CUDA-only library asks for CUDA
@@ -552,10 +552,17 @@ def _cuda_library(name: str) -> bool:
     return _cuda_only(name) or any(name == m or name.startswith(m + ".") for m in _CUDA_ONLY_EXTRA)
 
 
-def _names_cuda_library(name: str) -> str | None:
-    """The CUDA-only library whose name's words a function name holds in a row
-    (`is_flash_attn_3_available`: flash_attn), or None."""
+# Names code uses for a CUDA-only library: `bnb` (bitsandbytes, as its users import it).
+_LIBRARY_ALIASES = {"bnb": "bitsandbytes"}
+
+
+def names_cuda_library(name: str) -> str | None:
+    """The CUDA-only library whose name's words a function (or module) name holds in a row
+    (`is_flash_attn_3_available`: flash_attn; `quantizer_bnb_4bit`: bitsandbytes), or None."""
     words = name.split("_")
+    alias = next((_LIBRARY_ALIASES[w] for w in words if w in _LIBRARY_ALIASES), None)
+    if alias is not None:
+        return alias
     for module in (*cuda_only_modules(), *_CUDA_ONLY_EXTRA):
         parts = module.split(".")[0].split("_")
         if len(parts[0]) > 3 and any(words[i:i + len(parts)] == parts

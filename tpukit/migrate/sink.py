@@ -41,7 +41,14 @@ class Report:
 
 def _cuda_only_module(path: str) -> str | None:
     """A package module whose package path says cuda, cudnn, triton or nccl (torch/cuda/amp,
-    torch/_dynamo/backends/cudagraphs.py, bitsandbytes/triton/...) is CUDA's own code."""
+    torch/_dynamo/backends/cudagraphs.py, bitsandbytes/triton/...), or names a CUDA-only
+    library (bitsandbytes' own package, transformers' quantizer_bnb_4bit.py, accelerate's
+    utils/bnb.py: bitsandbytes' integration, whose CUDA checks flipped put 4-bit models on
+    XLA, where bitsandbytes has no backend: 0.48.1 has cpu, cuda, default, hpu, triton, xpu), is
+    CUDA's own code."""
+    # imported here: guards imports context, which imports this module
+    from tpukit.migrate.guards import names_cuda_library
+
     if not path:
         return None
     file = Path(path)
@@ -52,9 +59,16 @@ def _cuda_only_module(path: str) -> str | None:
         folder = folder.parent
     if len(parts) == 1:
         return None  # a script, not a package's module (fixtures' cuda.py included)
-    hit = next((p for p in parts if re.search(r"cuda|cudnn|triton|nccl", p, re.I)), None)
-    return engine_say("migrate", "why_cuda_module", module=".".join(reversed(parts)),
-                      part=hit) if hit else None
+    for part in parts:
+        if re.search(r"cuda|cudnn|triton|nccl", part, re.I):
+            said = part
+        elif library := names_cuda_library(part.lower()):
+            said = f"{part}: {library}, a CUDA-only library"
+        else:
+            continue
+        return engine_say("migrate", "why_cuda_module", module=".".join(reversed(parts)),
+                          part=said)
+    return None
 
 
 class EditSink:

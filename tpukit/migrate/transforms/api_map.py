@@ -133,6 +133,14 @@ class CallMap(Transform):
                     self.device_arguments.update(
                         id(e.value) for e in arg.value.elements if isinstance(e, cst.DictElement))
 
+    def visit_Assign(self, node: cst.Assign) -> None:
+        # `device_map = {"": torch.cuda.current_device()}` (transformers' quantizers): a
+        # device_map's values are devices, where an index names a CUDA device
+        if self.as_device and isinstance(node.value, cst.Dict) and any(
+                "device_map" in terminal_name(t.target).lower() for t in node.targets):
+            self.device_arguments.update(id(e.value) for e in node.value.elements
+                                         if isinstance(e, cst.DictElement))
+
     def visit_Return(self, node: cst.Return) -> None:
         # def get_device(...): return torch.cuda.current_device(): what it returns is a device
         function = self.ctx.functions[-1] if self.ctx.functions else None

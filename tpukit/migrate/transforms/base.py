@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tpukit.findings import FixKind
+from tpukit.findings import FixKind, Severity
 from tpukit.migrate.context import MigrationContext
-from tpukit.rules import Rule
+from tpukit.rules import Rule, engine_say
 
 
 @dataclass
@@ -62,6 +62,19 @@ class Transform:
         text a rule reports is a template there (or, for a data-driven engine's own texts, in
         rules/engines/ENGINE.toml), `{name}` fields filled from `values`."""
         return self.rule.say(self.ctx.target, key, **values)
+
+    def library_keeps_cuda_check(self, node: cst.CSTNode, shown: cst.CSTNode) -> bool:
+        """In library code (a package module) a CUDA check stays as written, with a finding.
+        It picks the library's CUDA path, which may hold what XLA cannot run (transformers'
+        generate: `self.device.type == "cuda"` turns on torch.compile with inductor, which
+        raised `KeyError: 'xla'` on XLA); the library's path for other devices is the one it
+        supports for CPU, MPS or XLA, and what the original ran on a TPU."""
+        if not self.ctx.package_module:
+            return False
+        self.ctx.report(self.rule, node, engine_say("migrate", "library_cuda_check",
+                                                    self.ctx.target, code=self.ctx.short(shown)),
+                        applied=False, fix=FixKind.NONE, severity=Severity.WARNING)
+        return True
 
     def fix_or_report(self, node: cst.CSTNode, message: str, build, fix: FixKind | None = None):
         """Report `node`; return `build()` when this rule may fix it here, else None. `fix`: this

@@ -376,6 +376,8 @@ class IsCuda(Transform):
                 "choice", code=self.ctx.short(original), a=choice[0], b=choice[1]),
                 applied=False, fix=FixKind.NONE, severity=Severity.INFO)
             return None
+        if self.library_keeps_cuda_check(original, original):
+            return None
 
         def build():
             if "attribute" in self.mapping:  # `.is_xla`
@@ -424,6 +426,8 @@ class DeviceTypeComparison(Transform):
                     continue
                 if terminal_name(other) in attribute_names(self.ctx):
                     continue  # it keeps its "cuda" (a module name): so does the comparison
+                if self.library_keeps_cuda_check(literal, original):
+                    continue
                 replacement = self.fix_or_report(
                     literal, self.say("comparison", code=self.ctx.short(original)),
                     lambda lit=literal: self._xla(lit))
@@ -450,6 +454,8 @@ class DeviceTypeComparison(Transform):
         if string_value(literal) not in ("cuda", "cuda:"):
             return None
         if terminal_name(func.value) in attribute_names(self.ctx):
+            return None
+        if self.library_keeps_cuda_check(literal, original):
             return None
         replacement = self.fix_or_report(
             literal, self.say("comparison", code=self.ctx.short(original)),

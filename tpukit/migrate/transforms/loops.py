@@ -443,6 +443,10 @@ class RaggedLastBatch(Transform):
         return self.fix_or_report(original, self.say("ragged"), build)
 
 
+# A module that imports torch_xla itself (as written: tpukit adds its own imports after).
+_IMPORTS_TORCH_XLA = re.compile(r"^[ \t]*(?:import|from)[ \t]+torch_xla\b", re.MULTILINE)
+
+
 @transform("TPU303")
 class StepBarrier(Transform):
     """Loops that batch by hand get `torch_xla.sync()` once per step, after the optimizer step
@@ -520,13 +524,30 @@ class StepBarrier(Transform):
         self._loop(node)
 
     def fix_or_report(self, node, message, build, fix=None):
-        if self.ctx.library_hands_off():
-            # DeepSpeed's superoffload step and ZenFlow's CPU-Adam child: no XLA tensor is
-            # there, and the barrier would start the runtime (and claim the TPU) in them
-            self.ctx.report(self.rule, node, self.say("library"), applied=False,
+        why = self._library_barrier_left()
+        if why is not None:
+            self.ctx.report(self.rule, node, why, applied=False,
                             fix=FixKind.NONE, severity=Severity.INFO)
             return None
         return super().fix_or_report(node, message, build, fix)
+
+    def _library_barrier_left(self) -> str | None:
+        """Why library code (a package module) gets no barrier here (the finding's message), or
+        None."""
+        if not self.ctx.package_module:
+            return None
+        if _IMPORTS_TORCH_XLA.search(self.ctx.source):
+            # diffusers' pipelines: `if XLA_AVAILABLE: xm.mark_step()` in the denoising loop;
+            # a barrier in their guidance loops or around long-video chunks is one too many
+            return self.say("library_xla_aware")
+        if any(isinstance(f, cst.FunctionDef) and f.name.value == "forward"
+               for f in self.ctx.functions):
+            return self.say("library_forward")  # transformers' xLSTM: chunked inference
+        if self.ctx.library_hands_off():
+            # DeepSpeed's superoffload step and ZenFlow's CPU-Adam child: no XLA tensor is
+            # there, and the barrier would start the runtime (and claim the TPU) in them
+            return self.say("library")
+        return None
 
     def _sync_line(self) -> cst.SimpleStatementLine:
         return cst.SimpleStatementLine([cst.Expr(self.ctx.expr("torch_xla.sync()"))])
