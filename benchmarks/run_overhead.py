@@ -7,11 +7,14 @@ prints the medians of:
   the compile-time noise (on XLA:CPU one compile of the same graph varies by seconds between
   runs) and leaves what tpukit's probe adds per step;
 - the XLA compile time itself (tpukit turns on PT_XLA_DEBUG_LEVEL=2 analysis).
-The `explain` rows run `tpukit run --explain-graphs` (the graph-diff mode), for its cost.
+The `tpukit` rows are the default run, graph diffs on (each barrier's and host read's graph
+hashed, a new one lowered to HLO: graph_capture.py); the `explain` rows run `tpukit run --explain-graphs`
+(torch_xla's dump of every graph), for its cost.
 The python side runs under benchmarks/xla_metrics_runner.py (runpy, then one read of
 torch_xla's metrics at the end) to get its compile time.
 
     .venv/bin/python benchmarks/run_overhead.py [--fixture gpt_manual_batches] [--steps 20] [--repeat 5]
+        [--base /tmp/base-worktree]   # an earlier commit's tpukit, side by side
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ RUNNER = ROOT / "benchmarks" / "xla_metrics_runner.py"
 TARGET = 1.05
 
 
-def timed(command: list[str], cwd: str) -> tuple[float, str]:
-    env = {**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU")}
+def timed(command: list[str], cwd: str, env: dict | None = None) -> tuple[float, str]:
+    env = {**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU"), **(env or {})}
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - start
@@ -50,11 +53,11 @@ def plain(script: Path, args: list[str], cwd: str) -> tuple[float, float, float]
     return wall, metrics["wall_s"] - metrics["compile_s"], metrics["compile_s"]
 
 
-def probed(script: Path, args: list[str], cwd: str, options: tuple[str, ...] = ()
-           ) -> tuple[float, float, float]:
+def probed(script: Path, args: list[str], cwd: str, options: tuple[str, ...] = (),
+           env: dict | None = None) -> tuple[float, float, float]:
     report = Path(cwd) / "run.json"
     wall, _ = timed([str(Path(sys.executable).with_name("tpukit")), "run", "--json", str(report),
-                     *options, str(script), *args], cwd)
+                     *options, str(script), *args], cwd, env)
     summary = json.loads(report.read_text())["summary"]
     return wall, summary["wall_s"] - summary["compile_s"], summary["compile_s"]
 
@@ -64,22 +67,27 @@ def main() -> None:
     parser.add_argument("--fixture", default="gpt_manual_batches")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--base", type=Path, default=None,
+                        help="a checkout of another tpukit (a worktree of an earlier commit), run "
+                             "side by side as `base` (PYTHONPATH) to measure what a change costs")
     args = parser.parse_args()
     folder = ROOT / "fixtures" / args.fixture
     script = folder / "xla.py"
     script_args = list(tomllib.loads((folder / "fixture.toml").read_text()).get("args", []))
     if "--steps" in script_args:
         script_args[script_args.index("--steps") + 1] = str(args.steps)
-    # tpukit as a user runs it, and the diagnosis mode (--explain-graphs: every graph's HLO
-    # dumped, with each op's line), to show what graph diffs cost.
-    variants = {"tpukit": (), "explain": ("--explain-graphs",)}
+    # tpukit as a user runs it (graph diffs on), and the dump mode (--explain-graphs: every
+    # graph's HLO dumped, with each op's line), for its cost.
+    variants = {"tpukit": ((), None), "explain": (("--explain-graphs",), None)}
+    if args.base is not None:
+        variants["base"] = ((), {"PYTHONPATH": str(args.base.resolve())})
     python_runs, runs = [], {name: [] for name in variants}
     with tempfile.TemporaryDirectory() as out:
         extra = ["--out", out] if "--out" in script.read_text() else []
         for _ in range(args.repeat):
             python_runs.append(plain(script, [*script_args, *extra], out))
-            for name, options in variants.items():
-                runs[name].append(probed(script, [*script_args, *extra], out, options))
+            for name, (options, env) in variants.items():
+                runs[name].append(probed(script, [*script_args, *extra], out, options, env))
     print(f"fixture {args.fixture} ({' '.join(script_args)}), {args.repeat} runs each, "
           f"interleaved; PJRT_DEVICE={os.environ.get('PJRT_DEVICE', 'CPU')}")
     for i, label in enumerate(("process wall s", "run - compile s", "compile s")):

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -306,9 +307,12 @@ def _slice_run(tmp_path, *options) -> list[dict]:
     return by_code(json.loads(out.read_text()), "TPU701")
 
 
-def test_explain_graphs_names_the_slice_and_its_line_when_no_shape_changed(tmp_path):
+@pytest.mark.parametrize("options", [(), ("--explain-graphs",)])
+def test_the_slice_and_its_line_are_named_when_no_shape_changed(tmp_path, options):
+    # by default from the graphs the barriers capture (graph_capture.py), with
+    # --explain-graphs from torch_xla's dump of every graph
     slice_line = line_of(RUN / "slice_offset.py", "chunk = corpus[i:i + bptt]")
-    found = _slice_run(tmp_path, "--explain-graphs")
+    found = _slice_run(tmp_path, *options)
     first = min(found, key=lambda f: f["extra"]["step"])
     assert first["line"] == slice_line  # the slicing line, not the barrier's
     diff = first["extra"]["graph_diff"]
@@ -322,11 +326,14 @@ def test_explain_graphs_names_the_slice_and_its_line_when_no_shape_changed(tmp_p
     assert not list((tmp_path / "tmp").glob("tpukit-graphs-*"))  # the dump is removed
 
 
-def test_without_explain_graphs_the_finding_says_how_to_get_the_difference(tmp_path):
+def test_without_source_lines_the_finding_stays_at_the_barrier(tmp_path, monkeypatch):
+    # XLA_HLO_DEBUG=0 and XLA_IR_DEBUG=0 set by the user: the graphs carry no Python lines, so
+    # the difference is said at the barrier whose graph changed
+    monkeypatch.setenv("XLA_HLO_DEBUG", "0")
+    monkeypatch.setenv("XLA_IR_DEBUG", "0")
     sync_line = line_of(RUN / "slice_offset.py", "torch_xla.sync()")
     found = _slice_run(tmp_path)
-    assert found and all(f["line"] == sync_line and "graph_diff" not in f["extra"] for f in found)
-    assert "--explain-graphs" in found[0]["message"]
+    assert found and all(f["line"] == sync_line for f in found)
 
 
 @pytest.mark.parametrize("explain", [True, False])
@@ -342,20 +349,24 @@ def test_a_loop_with_no_barrier_is_named_with_where_the_barrier_goes(tmp_path, e
                 if f["extra"].get("kind") == "no-barrier"]
     assert found["line"] == line_of(script, "{loss.item():.4f}")
     assert "6 different graphs from this line within one step" in found["message"]
+    # each read's graph, captured before it ran (graph_capture.py), or the dump's
+    sizes = found["extra"]["sizes"]
+    assert len(sizes) == 6 and sizes == sorted(sizes) and sizes[0] < sizes[-1]
+    assert f"grew from {sizes[0]} to {sizes[-1]} HLO instructions" in found["message"]
     if explain:
-        sizes = found["extra"]["sizes"]
-        assert len(sizes) == 6 and sizes == sorted(sizes) and sizes[0] < sizes[-1]
         update = line_of(script, "w -= 0.01 * w.grad")
         assert f"add `torch_xla.sync()` after line {update}" in found["message"]
-        assert f"grew from {sizes[0]} to {sizes[-1]} HLO instructions" in found["message"]
     else:
-        assert found["extra"]["sizes"] == [] and "--explain-graphs" in found["message"]
+        # the loop ran in the first step, which the fallback tracer watches: its ops carry
+        # the tracer's frame, not their line (IR debug is off there)
+        assert "at the end of each iteration of the loop around this line" in found["message"]
 
 
-def test_explain_graphs_names_the_ops_a_step_dependent_branch_adds(tmp_path):
+@pytest.mark.parametrize("options", [[], ["--explain-graphs"]])
+def test_the_ops_a_step_dependent_branch_adds_are_named(tmp_path, options):
     script = RUN / "branch.py"
     out = tmp_path / "report.json"
-    proc = subprocess.run([tpukit_executable(), "run", "--json", str(out), "--explain-graphs",
+    proc = subprocess.run([tpukit_executable(), "run", "--json", str(out), *options,
                            str(script)], env={**os.environ, "NO_COLOR": "1", **CPU},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -528,3 +539,58 @@ def test_a_ddp_trainer_is_observed_through_its_launch_and_its_warm_up_is_not_a_f
     assert all("DistributedDataParallel does this" in f["message"] for f in recompiles)
     assert {f["extra"]["warmup_steps"] for f in recompiles} == {3}
     assert (tmp_path / "model.pt").exists()
+
+
+HELD = """
+import sys, torch, torch_xla
+from tpukit.run.graph_capture import held_tensors
+device = torch_xla.device()
+model = torch.nn.Linear(4, 2).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+model(torch.ones(3, 4, device=device)).sum().backward()
+opt.step()
+kept = {"losses": [model(torch.ones(1, 4, device=device)).sum()]}
+on_cpu = torch.ones(2)
+def inner():
+    local = torch.zeros(2, device=device)
+    return held_tensors(sys._getframe())
+held = inner()
+ids = [id(t) for t in held]
+wanted = [model.weight, model.bias, model.weight.grad, kept["losses"][0],
+          opt.state[model.weight]["momentum_buffer"]]
+print(all(id(t) in ids for t in wanted), id(on_cpu) in ids, len(ids) == len(set(ids)),
+      any(t.shape == (2,) and t.sum().item() == 0 for t in held))
+"""
+
+
+def test_the_barrier_capture_finds_what_the_users_frames_hold(tmp_path):
+    # parameters, gradients and optimizer state through the module and optimizer, a loss in a
+    # dict's list, a caller's local; never a CPU tensor, never one twice
+    script = tmp_path / "held.py"
+    script.write_text(HELD)
+    proc = subprocess.run([sys.executable, str(script)], env={**os.environ, **CPU},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "False", "True", "True"]
+
+
+def test_the_barrier_capture_adds_no_compile(tmp_path):
+    # hashing and lowering the pending graph before the sync must not change what XLA runs
+    script = RUN / "slice_offset.py"
+    plain = subprocess.run(
+        [sys.executable, "-c", ("import runpy, sys; sys.argv = sys.argv[1:]; "
+                                "runpy.run_path(sys.argv[0], run_name='__main__'); "
+                                "import torch_xla.debug.metrics as met; "
+                                "print('COMPILES', met.metric_data('CompileTime')[0])"),
+         str(script), "--steps", "5"],
+        env={**os.environ, **CPU}, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    out = tmp_path / "report.json"
+    probed = subprocess.run([tpukit_executable(), "run", "--json", str(out), str(script),
+                             "--steps", "5"], env={**os.environ, "NO_COLOR": "1", **CPU},
+                            capture_output=True, text=True, timeout=300)
+    assert probed.returncode == 0, probed.stderr
+    report = json.loads(out.read_text())
+    assert report["summary"]["compiles"] == int(plain.stdout.split("COMPILES")[1].split()[0]) == 5
+    assert any("graph_diff" in f["extra"] for f in by_code(report, "TPU701"))
+

@@ -419,3 +419,68 @@ def test_graphs_a_line_runs_in_every_step_are_said_once_with_what_tells_them_apa
     # a line whose graphs differ from step to step is not a fixed set of variants
     steps[4] = _at(5, "execute", ["a"], 80)
     assert variants(graphs=graphs) == []
+
+
+# -- graph_capture: the graph a barrier or read compiled, tied to the debug log's hash ---------
+def test_a_capture_is_tied_to_the_graph_its_line_compiled():
+    import sysconfig
+
+    from tpukit.run.graph_capture import GraphCapture
+
+    capture = GraphCapture()
+    first, second = _hlo(MUL.format(line=7)), _hlo(MUL.format(line=8))
+    capture._ops.update(own1=first, own2=second)
+    library = sysconfig.get_paths()["purelib"] + "/torch_xla/torch_xla.py"
+    at_sync = [("sync", library, 87), ("<module>", "/tmp/train.py", 20)]
+    capture.after((("/tmp/train.py", 20), "own1"), compiled=True)
+    capture.after((("/tmp/train.py", 15), "own2"), compiled=False)  # ran a cached graph
+    capture.after((("/tmp/train.py", 20), "own2"), compiled=True)
+    capture.step_ended([
+        GraphEvent("compile", "read", frames=[("item", "/tmp/train.py", 15)]),
+        GraphEvent("compile", "a", frames=at_sync), GraphEvent("execute", "a", frames=at_sync),
+        GraphEvent("compile", "b", frames=at_sync)], 2)
+    # in order, at their own line; the read compiled nothing for its capture
+    assert capture.graphs == {"a": first, "b": second}
+    capture.step_ended([GraphEvent("compile", "c", frames=at_sync)], 3)
+    assert "c" not in capture.graphs  # each capture ties once, in its own step
+    # lines (IR debug): in the first steps and the step after one that compiled
+    assert capture.wants_lines(3) and capture.wants_lines(4)
+    capture.step_ended([GraphEvent("execute", "c", frames=at_sync)], 4)
+    assert not capture.wants_lines(5)
+    # an evaluation's first graph, from a line that never ran: no recompile
+    evaluation = [("<module>", "/tmp/train.py", 30)]
+    capture.step_ended([GraphEvent("compile", "e", frames=evaluation)], 5)
+    assert capture.wants_lines(6)  # the step after it only
+    capture.step_ended([GraphEvent("execute", "c", frames=at_sync)], 6)
+    assert not capture.wants_lines(7)
+    # a line that ran graphs in 2+ earlier steps compiles again: lines for the rest of the run
+    capture.step_ended([GraphEvent("compile", "d", frames=at_sync)], 7)
+    capture.step_ended([GraphEvent("execute", "d", frames=at_sync)], 8)
+    assert capture.wants_lines(9)
+
+
+def test_a_capture_that_fails_leaves_the_run_alone(monkeypatch):
+    from tpukit.run import graph_capture
+
+    def broken(frame):
+        raise RuntimeError("no XLA here")
+
+    monkeypatch.setattr(graph_capture, "held_tensors", broken)
+    capture = graph_capture.GraphCapture()
+    taken = capture.before_sync(None, ("/tmp/train.py", 20))
+    capture.after(taken, compiled=True)
+    capture.step_ended([GraphEvent("compile", "h", frames=[("<module>", "/tmp/train.py", 20)])], 1)
+    assert taken is None and capture.graphs == {} and capture.seconds >= 0
+
+
+def test_a_graph_without_lines_is_diffed_by_opcode_at_the_other_graphs_line():
+    # one graph lowered with IR debug off (a steady step before any recompile armed it)
+    from tpukit.run.graphs import diff_graphs
+
+    lined = _hlo(CONST.format(value="1"), MUL.format(line=13))
+    bare = [op.__class__(op.op, op.shape, op.detail.replace("1", "2") if op.op == "constant"
+                         else op.detail, "", 0) for op in lined]
+    for before, after in ((lined, bare), (bare, lined)):
+        difference = diff_graphs(before, after, _user)
+        assert difference.kind == "changed" and difference.op == "constant"
+        assert (difference.path, difference.line) == ("/tmp/train.py", 12)

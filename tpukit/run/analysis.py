@@ -128,7 +128,7 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
     steps = probe.steps
     loops = Loops(steps, warmup)
     compiles = [g for s in steps for g in s.graphs if g.kind == "compile"]
-    dump = probe.graph_dump
+    dump = probe.graph_dump or probe.graph_capture
     recompiles = recompile_findings(steps, loops, script, probe.fallback_lines, probe.models,
                                     dump.graphs if dump is not None else None)
     findings = by_cost(recompiles.findings + fallback_findings(probe, steps, loops, script)
@@ -163,6 +163,7 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
         host_transfers=sum(s.transfers for s in steps),
         stopped_early=probe.stopped_early,
         step_records=[{**s.to_dict(), "warmup": not loops.steady(s)} for s in steps],
+        graph_capture_s=round(probe.graph_capture.seconds, 6) if probe.graph_capture else 0.0,
     )
     return Analysis(stats, findings, loops)
 

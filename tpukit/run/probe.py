@@ -64,6 +64,7 @@ class Probe:
         self._tracer = None
         self.launches: list[dict] = []  # launches run in this process (torch_xla.launch, ...)
         self.graph_dump = None  # a graphs.GraphDump with --explain-graphs
+        self.graph_capture = None  # a graph_capture.GraphCapture otherwise
 
     @property
     def models(self) -> set[str]:
@@ -84,6 +85,7 @@ class Probe:
         self.current = Step(1, time.perf_counter())
         self._begin(1)
         self._arm_tracer()
+        self._set_ir_debug()
 
     def uninstall(self) -> None:
         self._disarm_tracer()
@@ -108,11 +110,14 @@ class Probe:
         now = time.perf_counter()
         counters = self.counters.snapshot()
         step = self.current
-        for event in self.log.read_new() if self.log else []:
+        events = self.log.read_new() if self.log else []
+        for event in events:
             event.step = step.index
             step.graphs.append(event)
         if self.graph_dump is not None:  # a step's worth at a time: the dump grows every step
             self.graph_dump.read_new()
+        if self.graph_capture is not None:
+            self.graph_capture.step_ended(events, step.index)
         base: Counters = self._base
         # The debug log names each launch in the step that made it; torch_xla's counter ticks
         # when a graph finishes, which can be after the next step started.
@@ -152,6 +157,7 @@ class Probe:
         self.current = Step(step.index + 1, time.perf_counter())
         self._begin(step.index + 1)
         self._arm_tracer()
+        self._set_ir_debug()
         if self.max_steps and sum(s.kind == "train" for s in self.steps) >= self.max_steps:
             self.stopped_early = True
             raise StopRun()
@@ -179,6 +185,7 @@ class Probe:
         self._traced_steps += 1
         self._tracer = FallbackTracer(self.counters, self.record_fallback)
         self._tracer.__enter__()
+        self._set_ir_debug()
 
     def _disarm_tracer(self) -> None:
         if self._tracer is not None:
@@ -187,6 +194,17 @@ class Probe:
                 tracer.__exit__(None, None, None)
             except Exception:  # the script left a mode of its own above ours: leave it be
                 pass
+            self._set_ir_debug()
+
+    def _set_ir_debug(self) -> None:
+        """Each op's Python line (IR debug) in the graphs graph_capture lowers, where it wants
+        them (graph_capture.GraphCapture.wants_lines), and never under the fallback tracer,
+        where an op's innermost frame is the tracer's own."""
+        if self.graph_capture is not None and self.graph_capture.managed:
+            import torch_xla
+
+            torch_xla._XLAC._set_ir_debug(self._tracer is None
+                                          and self.graph_capture.wants_lines(self.current.index))
 
     def record_fallback(self, ops: list[str], where: tuple[str, int],
                         caller: tuple[str, int, str] | None = None) -> None:

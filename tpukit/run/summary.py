@@ -39,6 +39,8 @@ class StepStats:
     host_transfers: int  # torch_xla's TransferFromDevice count
     stopped_early: bool  # --max-steps ended the script
     step_records: list[dict]  # one per step: steps.Step.to_dict() and "warmup"
+    # time spent hashing (and, for a new graph, lowering) each barrier's graph for graph diffs
+    graph_capture_s: float = 0.0
 
 
 @dataclass

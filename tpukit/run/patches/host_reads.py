@@ -39,15 +39,19 @@ def _wrap_read(probe, reading: list, method: str, original: Callable) -> Callabl
                 or (method == "to" and not _to_host(args, kwargs))):
             return original(tensor, *args, **kwargs)
         reading[0] = True
+        where = user_frame(sys._getframe(1))
+        # the graph this read runs, if new (graph_capture.py)
+        capture = probe.graph_capture.before_read(tensor, where) if probe.graph_capture else None
         began, compiled = time.perf_counter(), counters.compile_ns()
         try:
             return original(tensor, *args, **kwargs)
         finally:
             # the compiles the read triggered are reported as compiles, not as waiting
-            waited = max(0.0, time.perf_counter() - began
-                         - (counters.compile_ns() - compiled) / 1e9)
+            spent = counters.compile_ns() - compiled
+            waited = max(0.0, time.perf_counter() - began - spent / 1e9)
             reading[0] = False
-            where = user_frame(sys._getframe(1))
+            if probe.graph_capture is not None:
+                probe.graph_capture.after(capture, spent != 0)
             if where is not None:
                 nbytes = tensor.element_size() * (1 if method in SCALAR_READS
                                                   else tensor.numel())
