@@ -1369,48 +1369,32 @@ def test_a_cuda_check_in_library_code_is_left(tmp_path):
     assert 'self.device.type == "xla"' in out(source)  # a script's check is its program's
 
 
-def test_no_barrier_in_library_code_that_cuts_its_own_graphs(tmp_path):
+# A sampler: each iteration's result feeds the next (a script's gets a barrier per iteration).
+SAMPLER = """
+    @torch.no_grad()
+    def {name}(self, idx, steps):
+        for _ in range(steps):
+            logits = self.head(idx.cuda())
+            nxt = torch.multinomial(logits.softmax(-1), 1)
+            idx = torch.cat((idx, nxt), 1)
+        return idx
+"""
+
+
+@pytest.mark.parametrize("header,name,said", [
     # diffusers' pipelines import torch_xla themselves and call `xm.mark_step()` where they
     # want their graphs cut: a sync in a guidance loop, or around long-video chunks, is one
     # barrier too many
-    source = """
-        import torch
-        try:
-            import torch_xla.core.xla_model as xm
-        except ImportError:
-            xm = None
-
-        @torch.no_grad()
-        def generate(model, idx, steps):
-            for _ in range(steps):
-                logits = model(idx.cuda())
-                nxt = torch.multinomial(logits.softmax(-1), 1)
-                idx = torch.cat((idx, nxt), 1)
-            return idx
-        """
-    result = _package(tmp_path, source)
-    assert "torch_xla.sync()" not in result.new_source
-    (left,) = [f for f in result.findings if f.code == "TPU303"]
-    assert not left.applied and "imports torch_xla itself" in left.message
-    assert "torch_xla.sync()" in out(source)  # a script's loops are its program's
-
-
-def test_no_barrier_inside_a_library_models_forward(tmp_path):
+    ("import torch\ntry:\n    import torch_xla.core.xla_model as xm\nexcept ImportError:\n"
+     "    xm = None\n\nclass Pipeline:", "generate", "imports torch_xla itself"),
     # transformers' xLSTM: a chunked inference loop in forward that carries its state
-    source = """
-        import torch
-
-        class Model(torch.nn.Module):
-            @torch.no_grad()
-            def forward(self, idx, steps):
-                for _ in range(steps):
-                    logits = self.head(idx.cuda())
-                    nxt = torch.multinomial(logits.softmax(-1), 1)
-                    idx = torch.cat((idx, nxt), 1)
-                return idx
-        """
+    ("import torch\n\nclass Model(torch.nn.Module):", "forward", "inside `forward`"),
+])
+def test_no_barrier_in_library_code_that_cuts_its_own_graphs_or_in_a_forward(tmp_path, header,
+                                                                                name, said):
+    source = header + textwrap.indent(SAMPLER.format(name=name), "    ")
     result = _package(tmp_path, source)
     assert "torch_xla.sync()" not in result.new_source
     (left,) = [f for f in result.findings if f.code == "TPU303"]
-    assert not left.applied and "inside `forward`" in left.message
-    assert "torch_xla.sync()" in out(source)
+    assert not left.applied and said in left.message
+    assert "torch_xla.sync()" in out(source)  # a script's loops are its program's
