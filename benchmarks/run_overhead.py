@@ -78,7 +78,8 @@ def main() -> None:
         script_args[script_args.index("--steps") + 1] = str(args.steps)
     # tpukit as a user runs it (graph diffs on), and the dump mode (--explain-graphs: every
     # graph's HLO dumped, with each op's line), for its cost.
-    variants = {"tpukit": ((), None), "explain": (("--explain-graphs",), None)}
+    variants = {"tpukit": ((), None), "explain": (("--explain-graphs",), None),
+                "nodiffs": (("--no-graph-diffs",), None)}
     if args.base is not None:
         variants["base"] = ((), {"PYTHONPATH": str(args.base.resolve())})
     python_runs, runs = [], {name: [] for name in variants}

@@ -180,6 +180,7 @@ def test_viewer_commands_name_the_logdir(tmp_path):
     (["--profile-steps", "9:2", "--profile"], "need 1 <= A <= B"),
     (["--logdir", "x"], "--logdir and --profile-steps go with --profile"),
     (["--tpu-generation", "v9"], "--tpu-generation takes v2, v3, v4, v5e, v5p, v6e, v7"),
+    (["--explain-graphs", "--no-graph-diffs"], "contradict each other"),
 ])
 def test_run_usage_errors_are_one_line_and_exit_2(args, message, tmp_path):
     script = tmp_path / "train.py"

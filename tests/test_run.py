@@ -326,6 +326,13 @@ def test_the_slice_and_its_line_are_named_when_no_shape_changed(tmp_path, option
     assert not list((tmp_path / "tmp").glob("tpukit-graphs-*"))  # the dump is removed
 
 
+def test_without_graph_diffs_the_finding_says_where_to_look(tmp_path):
+    sync_line = line_of(RUN / "slice_offset.py", "torch_xla.sync()")
+    found = _slice_run(tmp_path, "--no-graph-diffs")
+    assert found and all(f["line"] == sync_line and "graph_diff" not in f["extra"] for f in found)
+    assert "look for Python numbers" in found[0]["message"]
+
+
 def test_without_source_lines_the_finding_stays_at_the_barrier(tmp_path, monkeypatch):
     # XLA_HLO_DEBUG=0 and XLA_IR_DEBUG=0 set by the user: the graphs carry no Python lines, so
     # the difference is said at the barrier whose graph changed

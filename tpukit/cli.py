@@ -226,6 +226,9 @@ def run(
     explain_graphs: bool = typer.Option(
         False, "--explain-graphs", help="Dump every graph's HLO and name what differs in a "
                                         "recompiled graph, at its line (slower: a diagnosis run)."),
+    no_graph_diffs: bool = typer.Option(
+        False, "--no-graph-diffs", help="Do not hash and lower each barrier's and host read's "
+                                        "graph (recompiles are then explained by shapes only)."),
 ) -> None:
     """Run a script on the TPU (XLA:CPU without one) and explain its recompiles, CPU fallbacks
     and host syncs, step by step."""
@@ -257,6 +260,8 @@ def run(
         fail(f"unknown eager mode {eager_mode!r}: choose {', '.join(EAGER_MODES)}")
     if tpu_generation is not None and tpu_generation not in MXU_WIDTH:
         fail(f"--tpu-generation takes {', '.join(MXU_WIDTH)}; not {tpu_generation!r}")
+    if explain_graphs and no_graph_diffs:
+        fail("--explain-graphs and --no-graph-diffs contradict each other")
     if (logdir is not None or profile_steps is not None) and not profile:
         fail("--logdir and --profile-steps go with --profile")
     try:
@@ -268,7 +273,8 @@ def run(
                          fail_on=kinds, check_cuda=not no_cuda_check, profile=profile,
                          logdir=logdir, profile_steps=steps, tpu_generation=tpu_generation,
                          bucket_budget=bucket_budget, html=html, target=run_target,
-                         eager_mode=eager_mode, explain_graphs=explain_graphs)
+                         eager_mode=eager_mode, explain_graphs=explain_graphs,
+                         graph_diffs=not no_graph_diffs)
     try:
         code = run_command(request)
     except UsageError as exc:

@@ -51,6 +51,7 @@ class RunRequest:
     target: str | None = None  # None: see torchtpu.resolve_target
     eager_mode: str | None = None
     explain_graphs: bool = False  # dump every graph's HLO to diff recompiled graphs
+    graph_diffs: bool = True  # else no graph_capture (--no-graph-diffs)
 
 
 def choose_device(env: dict) -> str | None:
@@ -181,7 +182,7 @@ def run_command(request: RunRequest) -> int:
             partial=True))
     probe = Probe(log, request.max_steps, fan_out(profiler, live))
     probe.graph_dump = dump
-    if dump is None and log is not None:
+    if dump is None and log is not None and request.graph_diffs:
         from tpukit.run.graph_capture import GraphCapture
 
         # each op's Python line (IR debug), turned on where graph_capture wants it, unless the
