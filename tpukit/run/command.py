@@ -159,7 +159,7 @@ def run_command(request: RunRequest) -> int:
         print("tpukit: warning: --explain-graphs: torch_xla was imported before tpukit run, so "
               "its graphs cannot be dumped", file=sys.stderr, flush=True)
     try:
-        import torch_xla  # the runtime the script will use
+        import torch_xla  # noqa: F401  (the runtime the script will use)
     except ImportError as exc:
         if ours and log_path is not None:
             log_path.unlink(missing_ok=True)
@@ -188,8 +188,7 @@ def run_command(request: RunRequest) -> int:
         # each op's Python line (IR debug), turned on where graph_capture wants it, unless the
         # user set XLA_IR_DEBUG or XLA_HLO_DEBUG: then as they said, for the whole run
         said = any(name in os.environ for name in ("XLA_IR_DEBUG", "XLA_HLO_DEBUG"))
-        probe.graph_capture = GraphCapture(
-            lines=torch_xla._XLAC._get_ir_debug() if said else True, managed=not said)
+        probe.graph_capture = GraphCapture(managed=not said)
     probe.install()
     try:
         outcome = run_target(request.script, request.module, request.args, (StopRun,))

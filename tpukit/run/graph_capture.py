@@ -11,8 +11,9 @@ optimizer state of the modules and optimizers among them) are hashed with `_get_
 log names each compiled graph by a hash of its own (not the same number), so a capture whose
 call compiled something is tied to the next compile event at its line, in order.
 IR debug (each op's Python line, `_set_ir_debug`; XLA_HLO_DEBUG is not needed for
-`_get_xla_tensors_hlo` to carry it, measured) records a Python frame per op: it doubled the
-median step of gpt_manual_batches on XLA:CPU (8.9 ms vs 4.4 ms). It is on for the first
+`_get_xla_tensors_hlo` to carry it, measured) records a Python frame per op: on for a whole
+run (XLA_HLO_DEBUG=1) it doubled the median step of gpt_manual_batches on XLA:CPU (8.9 ms vs
+4.4 ms). It is on for the first
 LINED_STEPS steps, in the step after one that compiled (a loop's warm-up), and, once a line
 that ran graphs in WARM earlier steps compiles again (a recompile: a loop's first steps and an
 evaluation's first graph are none), for the rest of the run; never under the fallback tracer
@@ -39,8 +40,7 @@ Capture = tuple[tuple[str, int], object]  # (the user line, our hash of its grap
 
 
 class GraphCapture:
-    def __init__(self, lines: bool = True, managed: bool = True) -> None:
-        self.lines = lines  # ops carry their Python lines (not where the user said no)
+    def __init__(self, managed: bool = True) -> None:
         self.managed = managed  # IR debug is turned on and off here (not where the user set it)
         self.graphs: dict[str, list[Op]] = {}  # the debug log's graph hash -> its HLO
         self.seconds = 0.0  # time spent hashing and lowering
