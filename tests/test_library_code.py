@@ -711,7 +711,8 @@ def test_a_function_the_module_calls_at_import_does_not_start_the_runtime(tmp_pa
     result = migrate_source(source, module, ALL)
     new = result.new_source
     assert 'return "cuda", _xla_launch_process_count()\n' in new
-    assert "unittest.skipUnless(_xla_launch_process_count() > 1" in new
+    # a decorator named for GPUs keeps its GPU count (0 on a TPU: the test is skipped)
+    assert "unittest.skipUnless(torch.cuda.device_count() > 1" in new
     assert "return torch_xla.device_count()\n" in new  # called only by the program
     assert migrate_source(new, module, ALL).new_source == new
 
@@ -1263,7 +1264,7 @@ def test_a_library_barrier_waits_on_its_callers_process_group(tmp_path):
     assert '        xm.rendezvous("barrier")\n' in script
 
 
-def test_a_gpu_count_a_function_named_for_gpus_returns_is_left():
+def test_a_gpu_count_in_a_function_named_for_gpus_is_left():
     # transformers' testing_utils.get_gpu_count(): as torch_xla.device_count() it started the
     # runtime in the test parent and counted TPU chips as GPUs
     result = migrate("""
@@ -1280,6 +1281,15 @@ def test_a_gpu_count_a_function_named_for_gpus_returns_is_left():
     (left,) = [f for f in result.findings if not f.applied]
     assert left.code == "TPU110" and left.location.line == 4
     assert "not the XLA device count" in left.message
+    # accelerate's require_single_gpu: the launch count (1 on a CPU host) ran GPU tests there
+    decorator = out("""
+        import unittest
+        import torch
+
+        def require_single_gpu(test_case):
+            return unittest.skipUnless(torch.cuda.device_count() == 1, "needs a GPU")(test_case)
+        """)
+    assert "skipUnless(torch.cuda.device_count() == 1" in decorator
 
 
 def test_a_device_test_whose_other_branch_refuses_for_cuda_stays():
@@ -1398,3 +1408,63 @@ def test_no_barrier_in_library_code_that_cuts_its_own_graphs_or_in_a_forward(tmp
     (left,) = [f for f in result.findings if f.code == "TPU303"]
     assert not left.applied and said in left.message
     assert "torch_xla.sync()" in out(source)  # a script's loops are its program's
+
+
+def test_a_path_built_from_the_rank_over_several_lines_keeps_every_ranks_file():
+    # accelerate's fsdp_utils: LOCAL_STATE_DICT, one file per rank, its name assigned in
+    # parentheses over three lines; xm.save on the master only lost every other rank's file
+    new = out("""
+        import os
+        import torch
+
+        def save(model, accelerator, output_dir):
+            state_dict = model.cuda().state_dict()
+            weights_name = (
+                f"model_rank{accelerator.process_index}.bin"
+            )
+            output_model_file = os.path.join(output_dir, weights_name)
+            torch.save(state_dict, output_model_file)
+        """)
+    assert "xm.save(state_dict, output_model_file, master_only=False)" in new
+
+
+def test_a_backend_a_library_function_is_given_is_its_callers(tmp_path):
+    # lightning's _init_dist_connection(cluster, torch_distributed_backend): CPU DDP passes
+    # gloo, which runs on a TPU host too; "xla" in its place broke it
+    source = """
+        import torch
+
+        def init_dist(global_rank, world_size, torch_distributed_backend="nccl", **kwargs):
+            torch.distributed.init_process_group(torch_distributed_backend, rank=global_rank,
+                                                 world_size=world_size, **kwargs)
+        """
+    result = _package(tmp_path, source)
+    assert "init_process_group(torch_distributed_backend, rank=global_rank" in result.new_source
+    (left,) = [f for f in result.findings if f.code == "TPU401"]
+    assert not left.applied and "its caller passes" in left.message and "`init_dist`" in left.message
+    assert 'init_process_group("xla"' in out(source)  # a script's group is its program's
+
+
+def test_no_device_loader_in_a_library_loop_that_does_nothing_with_a_device(tmp_path):
+    # mmengine's EpochBasedTrainLoop.run_epoch: the runner trains where mmengine's
+    # get_device() says (the CPU on a TPU host); MpDeviceLoader started the runtime there
+    source = """
+        import torch
+
+        class Loop:
+            def run_epoch(self):
+                self.runner.model.train()
+                for idx, data_batch in enumerate(self.dataloader):
+                    self.run_iter(idx, data_batch)
+
+            def run_on(self, model):
+                model.cuda()
+                for batch in self.dataloader:
+                    model(batch)
+        """
+    result = _package(tmp_path, source)
+    first, second = result.new_source.split("def run_on")
+    assert "enumerate(self.dataloader)" in first and "MpDeviceLoader" in second
+    (left,) = [f for f in result.findings if f.code == "TPU301" and not f.applied]
+    assert left.location.line == 6 and left.severity.value == "info"
+    assert "MpDeviceLoader" in out(source).split("def run_on")[0]  # a script's loop: wrapped

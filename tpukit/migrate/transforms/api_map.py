@@ -22,7 +22,7 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
               (`current_accelerator().type`: the string "xla", which starts nothing;
               `as_type_note`: its note)
   gpu_count   no rewrite where the value is stored in a name that says gpu (`n_gpu`), or is
-              what a function named for GPUs returns (`def get_gpu_count(): return ...`):
+              counted in a function named for GPUs (`get_gpu_count`, `require_single_gpu`):
               the finding's message (a GPU count drives DataParallel and batch scaling)
   before_launch  the `replace` template to use instead in a launcher's scope (the function or
               top level that calls mp.spawn / torch_xla.launch), where the XLA runtime must
@@ -58,8 +58,6 @@ class CallMap(Transform):
         # (`get_device_properties(torch.cuda.current_device())`: an XLA index there would name
         # CUDA device 0)
         self.unported: set[int] = set()
-        # id() of the values returned by a function whose name says gpu (`get_gpu_count`)
-        self.gpu_returns: set[int] = set()
 
     def _entry(self, call: cst.BaseExpression,
                report_otherwise: bool = False) -> tuple[str, dict] | tuple[None, None]:
@@ -148,12 +146,14 @@ class CallMap(Transform):
                 and "device" in function.name.value.lower()
                 and "index" not in function.name.value.lower()):
             self.device_arguments.add(id(node.value))
-        # transformers' testing_utils.get_gpu_count(): a GPU count for the tests that need
-        # several GPUs; as `torch_xla.device_count()` it started the runtime in the test parent
-        # and counted TPU chips as GPUs
-        if isinstance(function, cst.FunctionDef) and "gpu" in function.name.value.lower() \
-                and node.value is not None:
-            self.gpu_returns.add(id(node.value))
+
+    def _in_gpu_function(self) -> bool:
+        """Inside a function named for GPUs: transformers' `get_gpu_count()` (as
+        `torch_xla.device_count()` it started the runtime in the test parent and counted TPU
+        chips as GPUs), accelerate's `require_single_gpu` (the launch count, 1 on a CPU host,
+        ran tests that need a GPU there)."""
+        return any(isinstance(f, cst.FunctionDef) and "gpu" in f.name.value.lower()
+                   for f in self.ctx.functions)
 
     def _held(self, call: cst.Call, held: str, new: str) -> None:
         """`held` is read as an attribute name (`getattr(torch, device_type)`, diffusers'
@@ -231,7 +231,7 @@ class CallMap(Transform):
             template = entry["before_launch"]
             entry = {**entry, "note": entry.get("before_launch_note", entry.get("note")),
                      "helper": entry.get("before_launch_helper")}
-        elif "gpu_count" in entry and (id(node) in self.gpu_returns or any(
+        elif "gpu_count" in entry and (self._in_gpu_function() or any(
                 "gpu" in n.lower() for n in (
                     self.ctx.assign_targets[-1] if self.ctx.assign_targets else ()))):
             self._manual(node, entry["gpu_count"])  # `self._n_gpu = ...`: DataParallel's count

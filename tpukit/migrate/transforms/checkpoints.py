@@ -3,6 +3,7 @@ CUDA storage to the CPU."""
 
 from __future__ import annotations
 
+import ast
 import re
 
 import libcst as cst
@@ -22,11 +23,29 @@ _RANK = re.compile(_RANK_WORDS, re.I)
 _ASSIGN_LINE = re.compile(r"^[ \t]*([\w.]+)[ \t]*=(?!=)([^\n]*)", re.M)
 
 
+def _assignments(source: str) -> list[tuple[str, str]]:
+    """(target, value's code) of each assignment to a name or attribute, the value whole
+    however many lines it spans (accelerate's fsdp_utils: `weights_name = (` then the rank's
+    f-string on the next line)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):  # syntax libcst reads and this Python does not
+        return _ASSIGN_LINE.findall(source)  # each assignment's first line
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            value = ast.get_source_segment(source, node.value) or ""
+            found += [(ast.unparse(t), value) for t in targets
+                      if isinstance(t, (ast.Name, ast.Attribute))]
+    return found
+
+
 def rank_path_names(source: str) -> set[str]:
     """Names assigned a path built from the rank, directly or through other such names
     (accelerate: states_name = f"{RNG_STATE_NAME}_{process_index}.pkl", then
     output_states_file = output_dir.joinpath(states_name))."""
-    assigns = _ASSIGN_LINE.findall(source)
+    assigns = _assignments(source)
     names = {name for name, value in assigns if _RANK.search(value)}
     while True:
         words = re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")\b") if names else None

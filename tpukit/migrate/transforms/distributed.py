@@ -115,6 +115,14 @@ class ProcessGroup(Transform):
                 "chosen", code=self.ctx.short(node), backend=self.ctx.code(backend.value)),
                 applied=False, fix=FixKind.NONE)
             return None
+        given = self._given_by_caller(backend)
+        if given is not None:
+            # lightning's _init_dist_connection(..., torch_distributed_backend): its strategy
+            # passes gloo for CPU DDP (which runs on a TPU host too) and nccl for CUDA
+            self.ctx.report(self.rule, node, self.say(
+                "given", code=self.ctx.short(node), backend=self.ctx.code(backend.value),
+                function=given), applied=False, fix=FixKind.NONE)
+            return None
         store = find_keyword(node, "store")
         if store is not None:
             # accelerate's debug launcher: gloo over its own FileStore, in processes it forked
@@ -152,6 +160,18 @@ class ProcessGroup(Transform):
         super().__init__(rule, ctx)
         self.backend_only: dict[cst.Call, tuple[str, int | None]] = {}
         self.cuda_tests: list[bool] = []  # the enclosing if/else tests: CUDA availability?
+
+    def _given_by_caller(self, backend: cst.Arg | None) -> str | None:
+        """The name of the library function (a package module's) whose parameter the backend
+        argument is, else None."""
+        function = self.ctx.functions[-1] if self.ctx.functions else None
+        if not (self.ctx.package_module and backend is not None
+                and isinstance(backend.value, cst.Name) and isinstance(function, cst.FunctionDef)):
+            return None
+        params = function.params
+        names = {p.name.value for p in (*params.posonly_params, *params.params,
+                                        *params.kwonly_params)}
+        return function.name.value if backend.value.value in names else None
 
     def _leave_group(self, original: cst.Call, updated: cst.Call):
         planned = self.backend_only.pop(original, None)

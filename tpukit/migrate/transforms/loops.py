@@ -356,6 +356,13 @@ class DeviceLoader(Transform):
             # is a loader itself (here, the one for non-XLA strategies): the loop that
             # consumes its batches is where the device loader goes, not inside it.
             return None
+        if self.ctx.library_hands_off():
+            # mmengine's EpochBasedTrainLoop.run_epoch: the runner's model is on the device
+            # mmengine picked (the CPU on a TPU host); the loader would start the runtime there
+            self.ctx.report(self.rule, original.iter,
+                            self.say("library", code=self.ctx.short(loader)),
+                            applied=False, fix=FixKind.NONE, severity=Severity.INFO)
+            return None
         device = self.ctx.device_expr()
 
         def build():
