@@ -1468,3 +1468,22 @@ def test_no_device_loader_in_a_library_loop_that_does_nothing_with_a_device(tmp_
     (left,) = [f for f in result.findings if f.code == "TPU301" and not f.applied]
     assert left.location.line == 6 and left.severity.value == "info"
     assert "MpDeviceLoader" in out(source).split("def run_on")[0]  # a script's loop: wrapped
+
+
+def test_a_library_function_that_compares_with_xla_gets_no_torch_xla_import(tmp_path):
+    # fairscale's ShardedGradScaler: `device.type == "xla"` was there before any port; an
+    # `import torch_xla` in its __init__ only made it fail where torch_xla is not installed
+    source = """
+        import torch
+
+        class Scaler:
+            def __init__(self, master):
+                assert master.device.type in ("xla", "cpu")
+                self.master = master
+
+            def move(self, v):
+                return v.cuda()
+        """
+    new = _package(tmp_path, source).new_source
+    init, move = new.split("def move")
+    assert "import torch_xla" not in init and "import torch_xla" in move

@@ -628,6 +628,13 @@ class _FunctionUses(cst.CSTVisitor):
         self.at_import = False
         self.outer: cst.FunctionDef | None = None
         self.in_body = False
+        self.comparisons = 0  # inside `... == "xla"`: a string compared needs no torch_xla
+
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        self.comparisons += 1
+
+    def leave_Comparison(self, node: cst.Comparison) -> None:
+        self.comparisons -= 1
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         if self.outer is not None:
@@ -663,7 +670,9 @@ class _FunctionUses(cst.CSTVisitor):
         return False
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
-        if "xla" in node.value and string_value(node) in _NameUses.DEVICE_STRINGS:
+        # fairscale's ShardedGradScaler: `t.device.type == "xla"` was there before any port
+        if "xla" in node.value and string_value(node) in _NameUses.DEVICE_STRINGS \
+                and not self.comparisons:
             self._use("torch_xla")
 
 
