@@ -9,7 +9,9 @@ optimizer state of the modules and optimizers among them) are hashed with `_get_
 (before a host read: the tensor read), and only a hash not seen before is lowered
 (`_get_xla_tensors_hlo`): steady state pays one hash per barrier and read. torch_xla's debug
 log names each compiled graph by a hash of its own (not the same number), so a capture whose
-call compiled something is tied to the next compile event at its line, in order.
+call compiled something is tied to the next compile event at its line, in order. Only plain
+XLA tensors are hashed, and nothing while dynamo traces: `_get_graph_hash` of a FakeTensor
+(varlen_seq_model's host read under torch.compile's tracing) aborts the process in a CHECK.
 IR debug (each op's Python line, `_set_ir_debug`; XLA_HLO_DEBUG is not needed for
 `_get_xla_tensors_hlo` to carry it, measured) records a Python frame per op: on for a whole
 run (XLA_HLO_DEBUG=1) it doubled the median step of gpt_manual_batches on XLA:CPU (8.9 ms vs
@@ -78,7 +80,9 @@ class GraphCapture:
                 import torch_xla
 
                 xlac = torch_xla._XLAC
-                tensors = tensors_of()
+                if _tracing():
+                    return None
+                tensors = [t for t in tensors_of() if _plain(t)]
                 if not tensors:
                     return None
                 own = xlac._get_graph_hash(tensors)
@@ -118,6 +122,20 @@ class GraphCapture:
             if hashes:
                 self.graphs.setdefault(hashes.pop(0), self._ops[own])
         self._compiled = []
+
+
+def _tracing() -> bool:
+    import torch
+
+    return torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+
+
+def _plain(tensor) -> bool:
+    """A tensor torch_xla can hash: a plain Tensor or Parameter on the XLA device, not a
+    subclass (FakeTensor, FunctionalTensor, DTensor), whose hash aborts in a CHECK."""
+    import torch
+
+    return type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.device.type == "xla"
 
 
 def held_tensors(frame) -> list:
