@@ -150,7 +150,7 @@ def held_tensors(frame) -> list:
     seen: set[int] = set()
 
     def add(tensor) -> None:
-        if tensor is not None and tensor.device.type == "xla":
+        if tensor is not None and _plain(tensor):
             found.setdefault(id(tensor), tensor)
 
     def look(value, depth: int) -> None:

@@ -33,9 +33,10 @@ class SyncPatch(Patch):
             if in_boundary:
                 return original(*args, **kwargs)
             in_boundary = True
+            where = user_frame(sys._getframe(1))
             graphs = probe.graph_capture
             if graphs is not None:  # the graph this barrier runs, if new (graph_capture.py)
-                capture = graphs.before_sync(sys._getframe(1), user_frame(sys._getframe(1)))
+                capture = graphs.before_sync(sys._getframe(1), where)
                 compiled = probe.counters.compile_ns()
             try:
                 result = original(*args, **kwargs)
@@ -44,8 +45,7 @@ class SyncPatch(Patch):
             if graphs is not None:
                 graphs.after(capture, probe.counters.compile_ns() != compiled)
             probe.optimizer_pending = False
-            probe.close_step(probe.boundary_label or "torch_xla.sync",
-                             user_frame(sys._getframe(1)))
+            probe.close_step(probe.boundary_label or "torch_xla.sync", where)
             return result
 
         return sync
