@@ -44,7 +44,8 @@ _TARGET_KEYS = frozenset({
 _CALL_KEYS = frozenset({
     "as_device", "as_device_note", "as_type", "as_type_note", "before_launch",
     "before_launch_helper", "before_launch_note", "file_lacks", "gpu_count", "helper", "instead",
-    "lacking_in_package", "lacking_note", "lacking_statements", "note", "otherwise", "remove", "replace", "statements",
+    "lacking_in_package", "lacking_note", "lacking_statements", "library_keeps", "note",
+    "otherwise", "remove", "replace", "statements",
     "value_ok", "when",
 })
 # Tables whose keys are names (of messages, modules, variables), each mapped to a string.

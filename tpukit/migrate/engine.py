@@ -24,6 +24,7 @@ from tpukit.migrate import helpers
 from tpukit.migrate.context import IMPORTS, MigrationContext, dotted, string_value, terminal_name
 from tpukit.migrate.guards import (
     cuda_only_function,
+    library_cuda_choice,
     cuda_only_try,
     restore_after,
     restore_flags,
@@ -311,10 +312,13 @@ class Rewriter(cst.CSTTransformer):
         elif isinstance(node, cst.Assign):
             ctx.assign_targets.append([terminal_name(t.target) for t in node.targets])
         elif isinstance(node, (cst.FunctionDef, cst.Lambda)):
-            if isinstance(node, cst.FunctionDef) and (why := cuda_only_function(node)):
+            if isinstance(node, cst.FunctionDef) and (why := cuda_only_function(node, ctx)):
                 ctx.cuda_only.append(why)
             ctx.functions.append(node)
         elif isinstance(node, cst.Try) and (why := cuda_only_try(node)):
+            ctx.cuda_only.append(why)
+        elif isinstance(node, (cst.If, cst.IfExp, cst.Assert)) and (
+                why := library_cuda_choice(ctx, node)):
             ctx.cuda_only.append(why)
         kind = type(node).__name__
         for fact in self.facts.visit.get(kind, ()):
@@ -359,10 +363,13 @@ class Rewriter(cst.CSTTransformer):
         if isinstance(original, cst.Assign):
             self.ctx.assign_targets.pop()
         elif isinstance(original, (cst.FunctionDef, cst.Lambda)):
-            if isinstance(original, cst.FunctionDef) and cuda_only_function(original):
+            if isinstance(original, cst.FunctionDef) and cuda_only_function(original, self.ctx):
                 self.ctx.cuda_only.pop()
             self.ctx.functions.pop()
         elif isinstance(original, cst.Try) and cuda_only_try(original):
+            self.ctx.cuda_only.pop()
+        elif isinstance(original, (cst.If, cst.IfExp, cst.Assert)) and library_cuda_choice(
+                self.ctx, original):
             self.ctx.cuda_only.pop()
         elif isinstance(original, (cst.Import, cst.ImportFrom)):
             self.ctx.in_import = False
@@ -610,7 +617,9 @@ def _import_in_functions(module: cst.Module, needed: set[str],
         return module
     if "torch" in wanted:
         return None
-    finder = _FunctionUses(wanted)
+    before = _FunctionUses(wanted)
+    ctx.module.visit(before)  # the code as written: its own "xla" strings asked nothing
+    finder = _FunctionUses(wanted, before.strings)
     module.visit(finder)
     if finder.at_import or not finder.uses:
         return None
@@ -620,11 +629,17 @@ def _import_in_functions(module: cst.Module, needed: set[str],
 class _FunctionUses(cst.CSTVisitor):
     """Which outermost functions (module-level defs and methods of module-level classes) use
     which of `aliases` (a "xla" string counts as torch_xla), and whether anything outside
-    them (import-time code: top level, class bodies, defaults, decorators) does."""
+    them (import-time code: top level, class bodies, defaults, decorators) does. `written`:
+    the "xla" strings each function had before the port (by `strings`' keys): as many or fewer
+    after it are the code's own (accelerate's `_prepare_backend` sets `backend = "xla"` where
+    torch_xla is importable), not a use of ours."""
 
-    def __init__(self, aliases: set[str]) -> None:
+    def __init__(self, aliases: set[str], written: dict[str, int] | None = None) -> None:
         self.aliases = aliases
+        self.written = written or {}
         self.uses: dict[int, set[str]] = {}  # id(outermost FunctionDef) -> aliases
+        self.strings: dict[str, int] = {}  # "class.function" -> its "xla" device strings
+        self._class: list[str] = []
         self.at_import = False
         self.outer: cst.FunctionDef | None = None
         self.in_body = False
@@ -636,6 +651,12 @@ class _FunctionUses(cst.CSTVisitor):
     def leave_Comparison(self, node: cst.Comparison) -> None:
         self.comparisons -= 1
 
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._class.append(node.name.value)
+
+    def leave_ClassDef(self, node: cst.ClassDef) -> None:
+        self._class.pop()
+
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         if self.outer is not None:
             return True
@@ -644,7 +665,12 @@ class _FunctionUses(cst.CSTVisitor):
             if part is not None:
                 part.visit(self)  # evaluated where the def is: import time
         self.in_body = True
+        key = ".".join((*self._class, node.name.value))
+        self._strings = 0
         node.body.visit(self)
+        self.strings[key] = self.strings.get(key, 0) + self._strings
+        if self._strings > self.written.get(key, 0):  # more than it had: a string of ours
+            self._use("torch_xla")
         self.in_body, self.outer = False, None
         return False
 
@@ -673,7 +699,10 @@ class _FunctionUses(cst.CSTVisitor):
         # fairscale's ShardedGradScaler: `t.device.type == "xla"` was there before any port
         if "xla" in node.value and string_value(node) in _NameUses.DEVICE_STRINGS \
                 and not self.comparisons:
-            self._use("torch_xla")
+            if self.outer is not None and self.in_body:
+                self._strings += 1  # counted against what the function had (visit_FunctionDef)
+            else:
+                self._use("torch_xla")
 
 
 class _AddLocalImports(cst.CSTTransformer):

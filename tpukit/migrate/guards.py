@@ -82,6 +82,39 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
     return updated
 
 
+# The host's CUDA, asked: what a library's CUDA test reads.
+_CUDA_QUERIES = {"torch.cuda.is_available", "torch.cuda.device_count", "torch.cuda.is_initialized"}
+
+
+def library_cuda_choice(ctx: MigrationContext, node: cst.If | cst.IfExp | cst.Assert) -> str | None:
+    """Why a statement of library code (a package module) is left to CUDA: its test asks for
+    CUDA (`torch.cuda.is_available()`, a GPU count, `x.is_cuda`, `x.device.type == "cuda"`).
+    The library's other path is the one it supports without CUDA, and what the original ran
+    on a TPU host; rewritten, the test turned true there and the CUDA branch ran: accelerate's
+    `default_device` returned the XLA device, transformers' generation loop started the XLA
+    runtime to synchronize a CPU model, and accelerate's Megatron-LM integration passed its
+    `assert torch.cuda.is_available(), "Megatron requires CUDA."`. The whole statement (its
+    branches too) stays as written, with findings; None where the test asks nothing of CUDA."""
+    if not ctx.package_module:
+        return None
+
+    def compute() -> str | None:
+        def query(n: cst.CSTNode) -> str | None:
+            if isinstance(n, cst.Call) and ctx.qualify(n.func) in _CUDA_QUERIES:
+                return ctx.short(n)
+            if isinstance(n, cst.Attribute) and n.attr.value == "is_cuda":
+                return ctx.short(n)
+            if isinstance(n, cst.Comparison) and any(
+                    is_cuda_device_string(c.comparator) for c in n.comparisons) or (
+                    isinstance(n, cst.Comparison) and is_cuda_device_string(n.left)):
+                return ctx.short(n)
+            return None
+        said = first(node.test, query)
+        return engine_say("migrate", "why_cuda_test", test=said) if said else None
+
+    return ctx.memo(("library_cuda_choice", id(node)), compute)
+
+
 _NAMES_DEVICE = re.compile(r"device|cuda|xla|tpu", re.I)
 
 
@@ -491,15 +524,50 @@ _CUDA_WORD = re.compile(r"(?:cuda|nccl)\Z", re.I)  # BNB_BACKEND = "CUDA", backe
 
 # Beyond the TPU9xx rules' modules: libraries only a CUDA machine has.
 # Kernels packages with CUDA (or Triton-on-GPU) kernels only: mamba's selective scan and
-# causal conv1d, flash-linear-attention, FlashAttention 3's interface.
+# causal conv1d, flash-linear-attention, FlashAttention 3's interface; NVIDIA's Megatron-LM
+# and Transformer Engine (fused CUDA kernels, NCCL; accelerate's integration asserts CUDA).
 _CUDA_ONLY_EXTRA = ("tensorrt", "pycuda", "numba.cuda", "cuda", "mamba_ssm", "causal_conv1d",
-                    "fla", "flash_attn_interface", "flash_attn_3")
+                    "fla", "flash_attn_interface", "flash_attn_3", "megatron",
+                    "transformer_engine")
 
 
-def cuda_only_function(node: cst.FunctionDef) -> str | None:
+def cuda_only_function(node: cst.FunctionDef, ctx: MigrationContext | None = None) -> str | None:
     """Why a function is CUDA-only code, which tpukit does not rewrite (its findings stay for
-    a person): its name says cuda or triton (a `cuda()` method, inductor's `triton(...)`), or
-    its body imports a CUDA-only library (TensorRT calibration, a triton kernel's launcher)."""
+    a person): its name says cuda or triton (a `cuda()` method, inductor's `triton(...)`), its
+    body imports a CUDA-only library (TensorRT calibration, a triton kernel's launcher), or, in
+    library code, it picks among other vendors' devices (`_vendor_dispatch`)."""
+    why = _named_or_importing(node)
+    if why is None and ctx is not None and ctx.package_module:
+        why = ctx.memo(("vendor_dispatch", id(node)), lambda: _vendor_dispatch(ctx, node))
+    return why
+
+
+# Other vendors' device types, as strings (`torch.device("npu")`, `getattr(torch, "xpu")`).
+OTHER_DEVICE_TYPES = frozenset({"xpu", "npu", "hpu", "mps", "mlu", "musa", "sdaa", "mtia"})
+
+
+def _vendor_dispatch(ctx: MigrationContext, node: cst.FunctionDef) -> str | None:
+    """Library code that picks among vendors: a function that names another vendor's device
+    (`torch.xpu`, `torch.device("npu")`) beside CUDA. DeepSpeed's `get_accelerator` asks
+    `torch.cuda.device_count() == 0` before it looks for an XPU: as a count of XLA devices it
+    started the runtime in the launcher; accelerate's `default_device` returns the CPU on a TPU
+    host (its XLA path sets the device elsewhere). The library supports the devices it names;
+    XLA's support, if it has any, is its own code."""
+    def other(n: cst.CSTNode) -> str | None:
+        if isinstance(n, cst.SimpleString) and string_value(n) in OTHER_DEVICE_TYPES:
+            return n.value
+        if isinstance(n, cst.Attribute):
+            name = ctx.qualify(n)
+            if name and any(name == m or name.startswith(m + ".") for m in _OTHER_GPUS):
+                return ctx.short(n)
+        return None
+    said = first(node.body, other)
+    if said is None:
+        return None
+    return engine_say("migrate", "why_vendor_dispatch", name=node.name.value, other=said)
+
+
+def _named_or_importing(node: cst.FunctionDef) -> str | None:
     name = node.name.value.lower()
     if "cuda" in name or "triton" in name:
         return engine_say("migrate", "why_named_cuda", name=node.name.value)

@@ -40,14 +40,15 @@ class Report:
 
 
 def _cuda_only_module(path: str) -> str | None:
-    """A package module whose package path says cuda, cudnn, triton or nccl (torch/cuda/amp,
+    """A package module whose package path names another vendor (DeepSpeed's
+    npu_accelerator.py: that vendor's code), or says cuda, cudnn, triton or nccl (torch/cuda/amp,
     torch/_dynamo/backends/cudagraphs.py, bitsandbytes/triton/...), or names a CUDA-only
     library (bitsandbytes' own package, transformers' quantizer_bnb_4bit.py, accelerate's
     utils/bnb.py: bitsandbytes' integration, whose CUDA checks flipped put 4-bit models on
     XLA, where bitsandbytes has no backend: 0.48.1 has cpu, cuda, default, hpu, triton, xpu), is
     CUDA's own code."""
     # imported here: guards imports context, which imports this module
-    from tpukit.migrate.guards import names_cuda_library
+    from tpukit.migrate.guards import OTHER_DEVICE_TYPES, names_cuda_library
 
     if not path:
         return None
@@ -60,6 +61,12 @@ def _cuda_only_module(path: str) -> str | None:
     if len(parts) == 1:
         return None  # a script, not a package's module (fixtures' cuda.py included)
     for part in parts:
+        vendor = next((w for w in part.lower().split("_") if w in OTHER_DEVICE_TYPES), None)
+        if vendor is not None:
+            # DeepSpeed's accelerator/npu_accelerator.py, sdaa_accelerator.py: another vendor's
+            # backend of the library, whose pin_memory and streams are that device's
+            return engine_say("migrate", "why_vendor_module", module=".".join(reversed(parts)),
+                              part=part)
         if re.search(r"cuda|cudnn|triton|nccl", part, re.I):
             said = part
         elif library := names_cuda_library(part.lower()):
@@ -116,7 +123,7 @@ class EditSink:
         if isinstance(node, cst.Call):
             self.handled.add(id(node.func))
         if self.cuda_only and not applied and fix is None and rule.fix is not FixKind.NONE:
-            message += engine_say("migrate", "cuda_only_code", self.target, why=self.cuda_only[-1])
+            message += engine_say("migrate", "cuda_only_code", self.target, why=self.cuda_only[0])
         elif rule.code in self.held and not applied and fix is None \
                 and rule.fix is not FixKind.NONE:
             message += self.held[rule.code]

@@ -44,9 +44,9 @@ Capture = tuple[tuple[str, int], object]  # (the user line, our hash of its grap
 class GraphCapture:
     def __init__(self, managed: bool = True) -> None:
         self.managed = managed  # IR debug is turned on and off here (not where the user set it)
-        self.graphs: dict[str, list[Op]] = {}  # the debug log's graph hash -> its HLO
+        self.graphs = LoweredGraphs()  # the debug log's graph hash -> its HLO's ops
         self.seconds = 0.0  # time spent hashing and lowering
-        self._ops: dict[object, list[Op]] = {}  # our hash -> its HLO
+        self._ops: dict[object, Lowered] = {}  # our hash -> its HLO
         self._lined: set[object] = set()  # our hashes lowered with each op's Python line
         self._compiled: list[Capture] = []  # this step's captures whose call compiled
         self.armed = False  # a line past its warm-up recompiled: lines from now on
@@ -90,9 +90,8 @@ class GraphCapture:
                 if own not in self._ops or (lined and own not in self._lined):
                     if own not in self._ops and len(self._ops) >= _GRAPHS:
                         return None
-                    ops = parse_graph(xlac._get_xla_tensors_hlo(tensors).splitlines())
                     # in place: the graphs already tied to it see the lines too
-                    self._ops.setdefault(own, [])[:] = ops
+                    self._ops.setdefault(own, Lowered()).set(xlac._get_xla_tensors_hlo(tensors))
                     if lined:
                         self._lined.add(own)
                 return where, own
@@ -122,6 +121,34 @@ class GraphCapture:
             if hashes:
                 self.graphs.setdefault(hashes.pop(0), self._ops[own])
         self._compiled = []
+
+
+class Lowered:
+    """One graph's HLO text, parsed when a diff first asks for its ops: most graphs are never
+    diffed (a run's first graphs, each compiled once), and parsing is half of lowering's cost."""
+
+    __slots__ = ("_text", "_ops")
+
+    def __init__(self) -> None:
+        self._text, self._ops = "", None
+
+    def set(self, text: str) -> None:
+        self._text, self._ops = text, None
+
+    def ops(self) -> list[Op]:
+        if self._ops is None:
+            self._ops, self._text = parse_graph(self._text.splitlines()), ""
+        return self._ops
+
+
+class LoweredGraphs(dict):
+    """Graph hash -> its ops (`graphs[h]`, as GraphDump.graphs), each parsed when read."""
+
+    def __getitem__(self, key) -> list[Op]:
+        return dict.__getitem__(self, key).ops()
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
 
 
 def _tracing() -> bool:

@@ -75,6 +75,13 @@ class Autocast(Transform):
                     if a.keyword and a.keyword.value not in ("device_type", "dtype")]
             return self._rewrite(original, updated, kept)
         if literal is None and self._is_fp16(dtype.value if dtype else None):
+            if self.ctx.package_module:
+                # accelerate's mixed-precision context: `state.device.type`, the CPU of a
+                # MULTI_CPU run, whose fp16 autocast would have become bfloat16 there
+                self.ctx.report(self.rule, original, self.say(
+                    "float16_library", code=self.ctx.short(original)),
+                    applied=False, fix=FixKind.NONE)
+                return None
             # device_type held in a variable (already 'xla' after TPU101/TPU104): fix the dtype.
             return self.fix_or_report(
                 original, self.say("float16", code=self.ctx.short(original)),

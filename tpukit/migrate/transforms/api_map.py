@@ -96,6 +96,10 @@ class CallMap(Transform):
             return None
         call = node.value
         if "remove" in entry:
+            if entry.get("library_keeps"):
+                kept = self.say("library_kept", call=self.ctx.short(call))
+                if self.library_leaves(call, kept):
+                    return None  # a no-op without CUDA: on a TPU host it does what it did
             note = f'removed "{self.ctx.short(call)}": {entry["remove"]}'
             plan = self.fix_or_report(
                 call, self.say("removed", call=self.ctx.short(call), why=entry["remove"]),

@@ -63,6 +63,18 @@ class Transform:
         rules/engines/ENGINE.toml), `{name}` fields filled from `values`."""
         return self.rule.say(self.ctx.target, key, **values)
 
+    def library_leaves(self, node: cst.CSTNode, message: str) -> bool:
+        """In library code (a package module): `node` reported with `message`, left as it is
+        (True); elsewhere False. For what does nothing on a TPU host as written (a cuDNN flag,
+        `torch.cuda.empty_cache()`) or is the library's own choice of how to run (its
+        `torch.compile` backend): the port would change only its CUDA path, or start the XLA
+        runtime where the library runs on the CPU."""
+        if not self.ctx.package_module:
+            return False
+        self.ctx.report(self.rule, node, message, applied=False, fix=FixKind.NONE,
+                        severity=Severity.INFO)
+        return True
+
     def library_keeps_cuda_check(self, node: cst.CSTNode, shown: cst.CSTNode) -> bool:
         """In library code (a package module) a CUDA check stays as written, with a finding.
         It picks the library's CUDA path, which may hold what XLA cannot run (transformers'

@@ -273,6 +273,21 @@ class CudaDevice(Transform):
         return None if new_default is None else updated.with_changes(default=new_default)
 
 
+# Tensor.cuda(device=None, non_blocking=False, memory_format=...) and Module.cuda(device=None)
+_CUDA_METHOD_KEYWORDS = frozenset({"device", "non_blocking", "memory_format"})
+
+
+def _torch_cuda_signature(call: cst.Call) -> bool:
+    """Whether `x.cuda(...)`'s arguments fit torch's `.cuda` (Tensor's or Module's): at most
+    device and non_blocking by position, no other keyword, no device given twice; a splat
+    could hold anything torch takes."""
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    keywords = {a.keyword.value for a in call.args if a.keyword is not None}
+    return (len(positional) <= 2 and keywords <= _CUDA_METHOD_KEYWORDS
+            and not (positional and "device" in keywords)
+            and not (len(positional) == 2 and "non_blocking" in keywords))
+
+
 @transform("TPU102")
 class CudaMethod(Transform):
     reads_device_facts = True
@@ -285,6 +300,13 @@ class CudaMethod(Transform):
         if receiver is not None and receiver.split(".")[0] in ("torch", "torch_xla"):
             return None  # a module attribute, not Tensor/Module.cuda()
         own = self._own_cuda(func.value)
+        if own is None and not _torch_cuda_signature(original):
+            # transformers' quantized cache: `self.quantizer.cuda(qtensor, meta=meta,
+            # device=...)` is HQQ's own method; as `.to(device, meta=meta)` it lost qtensor
+            message = self.say("method", code=self.ctx.short(original))
+            self.ctx.report(self.rule, original, message + self.say("other_signature"),
+                            applied=False, fix=FixKind.NONE)
+            return None
         if own is not None:
             message = self.say("method", code=self.ctx.short(original))
             self.ctx.report(self.rule, original, message + self.say(
@@ -510,6 +532,12 @@ class SeedXla(Transform):
         if any(_WORKER_INIT.search(f.name.value) for f in self.ctx.functions
                if isinstance(f, cst.FunctionDef)):
             return None  # a DataLoader worker's init: the XLA runtime must not start there
+        if self.ctx.package_module:
+            # transformers' serving seeds each request, on whatever device its model is: a
+            # CPU server on a TPU host started the XLA runtime (and claimed the TPU) there
+            self.ctx.report(self.rule, original, self.say("library", code=self.ctx.short(call)),
+                            False, fix=FixKind.NONE, severity=Severity.INFO)
+            return None
         seed = updated.body[0].value.args[0].value
 
         def build():

@@ -14,7 +14,7 @@ import re
 
 import libcst as cst
 
-from tpukit.findings import FixKind
+from tpukit.findings import FixKind, Severity
 from tpukit.migrate.context import (
     LAUNCH_CALL,
     dotted,
@@ -611,6 +611,14 @@ class TorchrunRanks(Transform):
                     return None  # ... or they go to a group TPU401 leaves (its backend chosen)
                 if id(node) in self.device_values:
                     return self._rank_device(node, node, is_to=False)
+                if self.ctx.package_module:
+                    # lightning's TorchElasticEnvironment: torchrun sets these for CPU, GPU
+                    # and XLA runs alike; as `xr.world_size()` a CPU DDP run on a TPU host
+                    # started the XLA runtime in every process and read world size 1, rank 0
+                    self.ctx.report(self.rule, node, self.say(
+                        "rank_library", code=self.ctx.short(node), key=key),
+                        applied=False, fix=FixKind.NONE, severity=Severity.INFO)
+                    return None
                 return self._replace(node, key)
             return None
         # .to(rank) / torch.device(rank): a rank used as a CUDA device index
@@ -714,6 +722,8 @@ class CompileBackend(Transform):
         mode = find_keyword(original, "mode")
         if self.mapping.get("drop_modes"):
             return self._drop_mode(original, updated, mode)
+        if self.library_leaves(original, self.say("library", code=self.ctx.short(original))):
+            return None
         dropped = ""
         if mode is not None:
             value = string_value(mode.value)
@@ -744,6 +754,9 @@ class CompileBackend(Transform):
             return None  # a bare `@torch.compile` has no mode to drop
         if self.ctx.qualify(original.decorator) != "torch.compile":
             return None  # `@torch.compile(...)` is a call: leave_Call above
+        if self.library_leaves(original.decorator, self.say(
+                "library", code=self.ctx.short(original.decorator))):
+            return None
         return self.fix_or_report(
             original.decorator, self.say("decorator"),
             lambda: updated.with_changes(decorator=self.ctx.expr(
