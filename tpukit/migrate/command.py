@@ -101,6 +101,9 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
     rules = select_rules(*_selection(request))
     codes = tuple(r.code for r in rules)
     base = _base_of(request.paths)
+    # the user's program: the files named, and the local modules named scripts import
+    program = {real_path(p) for p in request.paths if not p.is_dir()}
+    program.update(real_path(p) for p in request.followed)
     return [
         Job(
             path=f,
@@ -111,6 +114,7 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
             eager_mode=cfg.eager_mode if cfg.target == "torchtpu" else None,
             unsafe_fixes=cfg.unsafe_fixes,
             strict=request.strict,
+            program=real_path(f) in program,
             out_path=_mirror(f, base, request.out_dir) if request.out_dir else None,
         )
         for f in files

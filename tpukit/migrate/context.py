@@ -38,7 +38,7 @@ LAUNCH_CALL = re.compile(r"\b(?:mp|multiprocessing|torch_xla)\.(?:spawn|launch)\
 class MigrationContext:
     def __init__(
         self, module: cst.Module, target: str, unsafe_fixes: bool, source: str = "",
-        path: str = "",
+        path: str = "", program: bool = False,
     ) -> None:
         self.module = module
         self.source = source  # the file's text, for cheap whole-file lookups (regex prepasses)
@@ -72,6 +72,9 @@ class MigrationContext:
         self.device_type, self.device_module = devices.device_type, devices.device_module
         self.device_object_in_code = devices.device_object_in_code
         self.package_module = devices.package_module
+        # Library code: a package's module that no one named (MigrateOptions.program). Its
+        # own choices stay as written; a package's module runs at import either way.
+        self.library_code = self.package_module and not program
         self.at_import_time, self.used_as_string = devices.at_import_time, devices.used_as_string
         self.import_time_reason = devices.import_time_reason
         self.bind_device, self.device_in_scope = devices.bind, devices.in_scope
@@ -113,7 +116,7 @@ class MigrationContext:
         nothing with a device? What it is given is its caller's (CPU data, DeepSpeed's CPU
         Adam in a child process): a barrier or `xm.save` there would start the XLA runtime
         where the original never touched a device."""
-        if not self.package_module or not self.functions:
+        if not self.library_code or not self.functions:
             return False
         return not _DEVICE_CODE.search(self.scope_text())
 

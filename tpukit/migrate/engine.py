@@ -70,6 +70,10 @@ class MigrateOptions:
     # Rule code -> why its rewrites are held (reported, not applied): a rule it `needs` is
     # turned off here by a suppression comment (set by migrate_source itself, see _held).
     held: dict[str, str] = field(default_factory=dict)
+    # The user's program: a file named on the command line, or a local module a named script
+    # imports. False: found in a folder walk, where a package's module is library code (its
+    # CUDA tests, seeds, barriers and launcher variables are the library's own).
+    program: bool = False
 
 
 @dataclass
@@ -95,7 +99,8 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
     if options.prune and not any(trigger in source for trigger in triggers_of(options.rules)):
         return _silenced(Migration(source, source), [], suppressions, path, options)
     module = cst.parse_module(source)
-    ctx = MigrationContext(module, options.target, options.unsafe_fixes, source, path)
+    ctx = MigrationContext(module, options.target, options.unsafe_fixes, source, path,
+                           program=options.program)
     ctx.sink.held = options.held
     transforms = []
     triggers: set[str] = set()

@@ -58,6 +58,7 @@ class Job:
     out_path: Path | None = None
     eager_mode: str | None = None
     strict: bool = False  # also report suppression comments that silence nothing
+    program: bool = False  # named on the command line, or a local module a named script imports
 
 
 @dataclass
@@ -202,6 +203,7 @@ def process(job: Job) -> FileResult:
         eager_mode=job.eager_mode,
         render_source=job.mode is not Mode.CHECK,
         strict=job.strict,
+        program=job.program,
     )
     try:
         migration = migrate_source(source, job.display, options)

@@ -56,7 +56,7 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
             # a guard that leaves the block)
             deferred.append((key, None))
             continue
-        moved = _only_moves(ctx, guarded) if ctx.package_module else None
+        moved = _only_moves(ctx, guarded) if ctx.library_code else None
         if moved is not None:
             # transformers' mxfp4 dequantizer: `if not blocks.is_cuda and
             # torch.cuda.is_available(): blocks = blocks.cuda()` computes on the GPU when there
@@ -87,20 +87,24 @@ _CUDA_QUERIES = {"torch.cuda.is_available", "torch.cuda.device_count", "torch.cu
 
 
 def library_cuda_choice(ctx: MigrationContext, node: cst.If | cst.IfExp | cst.Assert) -> str | None:
-    """Why a statement of library code (a package module) is left to CUDA: its test asks for
-    CUDA (`torch.cuda.is_available()`, a GPU count, `x.is_cuda`, `x.device.type == "cuda"`).
+    """Why a statement of library code (context.library_code) is left to CUDA: its test asks
+    for CUDA (`torch.cuda.is_available()`, a GPU count, a function of its own named for CUDA,
+    `x.is_cuda`, `x.device.type == "cuda"`).
     The library's other path is the one it supports without CUDA, and what the original ran
     on a TPU host; rewritten, the test turned true there and the CUDA branch ran: accelerate's
     `default_device` returned the XLA device, transformers' generation loop started the XLA
     runtime to synchronize a CPU model, and accelerate's Megatron-LM integration passed its
     `assert torch.cuda.is_available(), "Megatron requires CUDA."`. The whole statement (its
     branches too) stays as written, with findings; None where the test asks nothing of CUDA."""
-    if not ctx.package_module:
+    if not ctx.library_code:
         return None
 
     def compute() -> str | None:
         def query(n: cst.CSTNode) -> str | None:
-            if isinstance(n, cst.Call) and ctx.qualify(n.func) in _CUDA_QUERIES:
+            if isinstance(n, cst.Call) and (ctx.qualify(n.func) in _CUDA_QUERIES or "cuda" in (
+                    terminal_name(n.func) or "").lower()):
+                # the library's own CUDA check: mmengine's `is_cuda_available()`,
+                # transformers' `is_torch_cuda_available()`
                 return ctx.short(n)
             if isinstance(n, cst.Attribute) and n.attr.value == "is_cuda":
                 return ctx.short(n)
@@ -537,7 +541,7 @@ def cuda_only_function(node: cst.FunctionDef, ctx: MigrationContext | None = Non
     body imports a CUDA-only library (TensorRT calibration, a triton kernel's launcher), or, in
     library code, it picks among other vendors' devices (`_vendor_dispatch`)."""
     why = _named_or_importing(node)
-    if why is None and ctx is not None and ctx.package_module:
+    if why is None and ctx is not None and ctx.library_code:
         why = ctx.memo(("vendor_dispatch", id(node)), lambda: _vendor_dispatch(ctx, node))
     return why
 

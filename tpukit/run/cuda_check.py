@@ -20,7 +20,7 @@ def cuda_idioms(script: Path) -> list[Finding]:
     try:
         source = script.read_text(encoding="utf-8")
         migration = migrate_source(source, str(script), MigrateOptions(
-            select_rules(None, None), render_source=False))
+            select_rules(None, None), render_source=False, program=True))
     except Exception:  # not parseable: python will say so when it runs it
         return []
     return [f for f in migration.findings

@@ -75,7 +75,7 @@ class Autocast(Transform):
                     if a.keyword and a.keyword.value not in ("device_type", "dtype")]
             return self._rewrite(original, updated, kept)
         if literal is None and self._is_fp16(dtype.value if dtype else None):
-            if self.ctx.package_module:
+            if self.ctx.library_code:
                 # accelerate's mixed-precision context: `state.device.type`, the CPU of a
                 # MULTI_CPU run, whose fp16 autocast would have become bfloat16 there
                 self.ctx.report(self.rule, original, self.say(

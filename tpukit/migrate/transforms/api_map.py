@@ -97,8 +97,8 @@ class CallMap(Transform):
         call = node.value
         if "remove" in entry:
             if entry.get("library_keeps"):
-                kept = self.say("library_kept", call=self.ctx.short(call))
-                if self.library_leaves(call, kept):
+                if self.library_leaves(call, lambda: self.say(
+                        "library_kept", call=self.ctx.short(call))):
                     return None  # a no-op without CUDA: on a TPU host it does what it did
             note = f'removed "{self.ctx.short(call)}": {entry["remove"]}'
             plan = self.fix_or_report(
@@ -219,6 +219,14 @@ class CallMap(Transform):
             self._manual(node, text)
             return None
         template = entry["replace"]
+        if entry.get("library_keeps") and not (
+                "as_device" in entry and id(node) in self.device_arguments):
+            # lightning's RunIf(bf16_cuda=True): `not (torch.cuda.is_available() and
+            # torch.cuda.is_bf16_supported())` read the XLA runtime and ran CUDA tests on a
+            # TPU host (and on a CPU host with torch_xla)
+            if self.library_leaves(node, lambda: self.say(
+                    "library_query", call=self.ctx.short(node))):
+                return None
         held = [n for n in (self.ctx.assign_targets[-1] if self.ctx.assign_targets else ())
                 if n in attribute_names(self.ctx)]
         if held:  # device_type = ...; getattr(torch, device_type): a module's name

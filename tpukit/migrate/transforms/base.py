@@ -63,15 +63,15 @@ class Transform:
         rules/engines/ENGINE.toml), `{name}` fields filled from `values`."""
         return self.rule.say(self.ctx.target, key, **values)
 
-    def library_leaves(self, node: cst.CSTNode, message: str) -> bool:
-        """In library code (a package module): `node` reported with `message`, left as it is
-        (True); elsewhere False. For what does nothing on a TPU host as written (a cuDNN flag,
+    def library_leaves(self, node: cst.CSTNode, message) -> bool:
+        """In library code (context.library_code): `node` reported with `message()`, left as it
+        is (True); elsewhere, and in CUDA-only code (whose own finding says why), False. For what does nothing on a TPU host as written (a cuDNN flag,
         `torch.cuda.empty_cache()`) or is the library's own choice of how to run (its
         `torch.compile` backend): the port would change only its CUDA path, or start the XLA
         runtime where the library runs on the CPU."""
-        if not self.ctx.package_module:
+        if not self.ctx.library_code or self.ctx.cuda_only:
             return False
-        self.ctx.report(self.rule, node, message, applied=False, fix=FixKind.NONE,
+        self.ctx.report(self.rule, node, message(), applied=False, fix=FixKind.NONE,
                         severity=Severity.INFO)
         return True
 
@@ -81,7 +81,7 @@ class Transform:
         generate: `self.device.type == "cuda"` turns on torch.compile with inductor, which
         raised `KeyError: 'xla'` on XLA); the library's path for other devices is the one it
         supports for CPU, MPS or XLA, and what the original ran on a TPU."""
-        if not self.ctx.package_module:
+        if not self.ctx.library_code:
             return False
         self.ctx.report(self.rule, node, engine_say("migrate", "library_cuda_check",
                                                     self.ctx.target, code=self.ctx.short(shown)),

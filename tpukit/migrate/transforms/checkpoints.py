@@ -109,9 +109,12 @@ class CheckpointSave(Transform):
             self.ctx.report(self.rule, node, self.say("rng_tuples", code=self.ctx.short(node)),
                             applied=False, fix=FixKind.NONE)
             return None
-        if self.ctx.library_hands_off():
-            # a library function saving what its caller passed (timm's repghost_model_convert):
-            # xm.save would start the runtime there and write on the master only
+        if self.ctx.library_code:
+            # library code saves as it decides who writes (peft's save_pretrained takes
+            # is_main_process; transformers' Trainer has its own XLA branch): xm.save would
+            # start the runtime for a model on the CPU (timm's repghost_model_convert, peft,
+            # jukebox's alignments) and write on the master only; torch.save writes XLA
+            # tensors too
             self.ctx.report(self.rule, node, self.say("library", code=self.ctx.short(node)),
                             applied=False, fix=FixKind.NONE, severity=Severity.INFO)
             return None

@@ -532,7 +532,7 @@ class SeedXla(Transform):
         if any(_WORKER_INIT.search(f.name.value) for f in self.ctx.functions
                if isinstance(f, cst.FunctionDef)):
             return None  # a DataLoader worker's init: the XLA runtime must not start there
-        if self.ctx.package_module:
+        if self.ctx.library_code:
             # transformers' serving seeds each request, on whatever device its model is: a
             # CPU server on a TPU host started the XLA runtime (and claimed the TPU) there
             self.ctx.report(self.rule, original, self.say("library", code=self.ctx.short(call)),

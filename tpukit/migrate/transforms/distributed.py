@@ -165,7 +165,7 @@ class ProcessGroup(Transform):
         """The name of the library function (a package module's) whose parameter the backend
         argument is, else None."""
         function = self.ctx.functions[-1] if self.ctx.functions else None
-        if not (self.ctx.package_module and backend is not None
+        if not (self.ctx.library_code and backend is not None
                 and isinstance(backend.value, cst.Name) and isinstance(function, cst.FunctionDef)):
             return None
         params = function.params
@@ -209,7 +209,7 @@ class ProcessGroup(Transform):
         if not swap.changed:
             return None
         top = self.ctx.current_top
-        if self.ctx.package_module and isinstance(top, cst.ClassDef) and not self.ctx.functions:
+        if self.ctx.library_code and isinstance(top, cst.ClassDef) and not self.ctx.functions:
             # a field's default in library code (accelerate's InitProcessGroupKwargs): callers
             # pass "nccl" themselves, and code compares fields with their defaults (its
             # to_kwargs sends only what differs), so a new default sends their "nccl" on
@@ -493,7 +493,7 @@ class DataParallel(Transform):
         if self.ctx.code(original.value) not in self._wrapped_names():
             return None
         scope = self.ctx.scope_text()  # one string per scope (memoized): a cheap memo key
-        if self.ctx.package_module and self.ctx.code(original.value) not in self.ctx.memo(
+        if self.ctx.library_code and self.ctx.code(original.value) not in self.ctx.memo(
                 ("data_parallel_in_scope", scope),
                 lambda: set(_DATA_PARALLEL_ASSIGN.findall(scope))):
             # library code: a method's own `model` (transformers' Trainer._save_tpu, where
@@ -611,7 +611,7 @@ class TorchrunRanks(Transform):
                     return None  # ... or they go to a group TPU401 leaves (its backend chosen)
                 if id(node) in self.device_values:
                     return self._rank_device(node, node, is_to=False)
-                if self.ctx.package_module:
+                if self.ctx.library_code:
                     # lightning's TorchElasticEnvironment: torchrun sets these for CPU, GPU
                     # and XLA runs alike; as `xr.world_size()` a CPU DDP run on a TPU host
                     # started the XLA runtime in every process and read world size 1, rank 0
@@ -722,7 +722,8 @@ class CompileBackend(Transform):
         mode = find_keyword(original, "mode")
         if self.mapping.get("drop_modes"):
             return self._drop_mode(original, updated, mode)
-        if self.library_leaves(original, self.say("library", code=self.ctx.short(original))):
+        if self.library_leaves(original, lambda: self.say(
+                "library", code=self.ctx.short(original))):
             return None
         dropped = ""
         if mode is not None:
@@ -754,7 +755,7 @@ class CompileBackend(Transform):
             return None  # a bare `@torch.compile` has no mode to drop
         if self.ctx.qualify(original.decorator) != "torch.compile":
             return None  # `@torch.compile(...)` is a call: leave_Call above
-        if self.library_leaves(original.decorator, self.say(
+        if self.library_leaves(original.decorator, lambda: self.say(
                 "library", code=self.ctx.short(original.decorator))):
             return None
         return self.fix_or_report(

@@ -544,7 +544,7 @@ class StepBarrier(Transform):
     def _library_barrier_left(self) -> str | None:
         """Why library code (a package module) gets no barrier here (the finding's message), or
         None."""
-        if not self.ctx.package_module:
+        if not self.ctx.library_code:
             return None
         if _IMPORTS_TORCH_XLA.search(self.ctx.source):
             # diffusers' pipelines: `if XLA_AVAILABLE: xm.mark_step()` in the denoising loop;
