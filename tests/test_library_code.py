@@ -1767,3 +1767,19 @@ def test_a_library_s_question_to_the_host_s_cuda_is_left_wherever_it_is(tmp_path
     assert [f.code for f in result.findings] == ["TPU101"] + ["TPU110"] * 3
     assert not any(f.applied for f in result.findings)
     assert "bool(xr.device_type())" in out(source)  # a script's: ported
+
+
+def test_a_library_s_cuda_or_cpu_choice_stays(tmp_path):
+    # transformers' SageMakerTrainingArguments: `torch.device("cuda:0" if
+    # torch.cuda.is_available() else "cpu")` became the XLA device (the CPU on a TPU host before)
+    source = """
+        import torch
+
+        def setup():
+            device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+            other = "cuda" if torch.cuda.is_available() else "cpu"
+            return device, other
+        """
+    result = _package(tmp_path, source)
+    assert result.new_source == textwrap.dedent(source).lstrip("\n")
+    assert "torch_xla.device()" in out(source)  # a script's: ported

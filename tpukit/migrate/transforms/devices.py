@@ -121,7 +121,15 @@ class CudaDevice(Transform):
             and is_accelerator_value(self.ctx, first.body)
             and is_cpu_device(first.orelse)
         )
+        if whole and isinstance(first, cst.IfExp) and self._library_choice(node):
+            return None
         return self._to_xla_device(node) if whole else None
+
+    def _library_choice(self, node: cst.CSTNode) -> bool:
+        """`"cuda" if torch.cuda.is_available() else "cpu"` in library code: the CPU on a
+        TPU host, as before (transformers' SageMaker arguments put the Trainer on XLA)."""
+        return self.library_leaves(node, lambda: self.say(
+            "library_choice", code=self.ctx.short(node)))
 
     def visit_IfExp(self, node: cst.IfExp):
         if (
@@ -129,6 +137,8 @@ class CudaDevice(Transform):
             and is_accelerator_value(self.ctx, node.body)
             and is_cpu_device(node.orelse)
         ):
+            if self._library_choice(node):
+                return None
             kept = self._kept_as_string(node)
             return self._to_xla_device(node) if kept is None else self._string_choice(node, kept)
         return None
