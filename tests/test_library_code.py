@@ -1634,7 +1634,8 @@ def test_library_code_that_picks_among_vendors_is_left_to_the_library(tmp_path):
 
 def test_another_vendor_s_module_of_a_library_is_that_vendor_s_code(tmp_path):
     # DeepSpeed's accelerator/npu_accelerator.py: its pin_memory is the NPU's
-    source = "class NPU_Accelerator:\n    def pin_memory(self, tensor):\n        return tensor.pin_memory()\n"
+    source = ("class NPU_Accelerator:\n    def pin_memory(self, tensor):\n"
+              "        return tensor.pin_memory()\n")
     result = _package(tmp_path, source, name="npu_accelerator.py")
     assert result.new_source == source
 

@@ -24,8 +24,8 @@ from tpukit.migrate import helpers
 from tpukit.migrate.context import IMPORTS, MigrationContext, dotted, string_value, terminal_name
 from tpukit.migrate.guards import (
     cuda_only_function,
-    library_cuda_choice,
     cuda_only_try,
+    library_cuda_choice,
     restore_after,
     restore_flags,
     restore_loop,

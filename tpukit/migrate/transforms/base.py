@@ -65,8 +65,9 @@ class Transform:
 
     def library_leaves(self, node: cst.CSTNode, message) -> bool:
         """In library code (context.library_code): `node` reported with `message()`, left as it
-        is (True); elsewhere, and in CUDA-only code (whose own finding says why), False. For what does nothing on a TPU host as written (a cuDNN flag,
-        `torch.cuda.empty_cache()`) or is the library's own choice of how to run (its
+        is (True); elsewhere, and in CUDA-only code (whose own finding says why), False. For
+        what does nothing on a TPU host as written (a cuDNN flag, `torch.cuda.empty_cache()`),
+        asks for the host's CUDA, or is the library's own choice of how to run (its
         `torch.compile` backend): the port would change only its CUDA path, or start the XLA
         runtime where the library runs on the CPU."""
         if not self.ctx.library_code or self.ctx.cuda_only:
