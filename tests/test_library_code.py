@@ -1784,3 +1784,30 @@ def test_a_library_s_cuda_or_cpu_choice_stays(tmp_path):
     result = _package(tmp_path, source)
     assert result.new_source == textwrap.dedent(source).lstrip("\n")
     assert "torch_xla.device()" in out(source)  # a script's: ported
+
+
+def test_a_library_s_grad_scaler_stays_with_its_fp16(tmp_path):
+    # lightning's MixedPrecision plugin: `self.scaler.scale(tensor)`, `scaler.step(optimizer)`
+    # and `scaler.update()` were removed while its fp16 autocast (on the device lightning
+    # picks) stayed fp16: "16-mixed" trained unscaled on the CPU
+    source = """
+        import torch
+
+        class MixedPrecision:
+            def __init__(self, device):
+                self.device = device
+                self.scaler = torch.cuda.amp.GradScaler()
+
+            def pre_backward(self, tensor):
+                return self.scaler.scale(tensor)
+
+            def step(self, optimizer):
+                out = self.scaler.step(optimizer)
+                self.scaler.update()
+                return out
+        """
+    result = _package(tmp_path, source)
+    assert "self.scaler.scale(tensor)" in result.new_source
+    assert "self.scaler.step(optimizer)" in result.new_source
+    assert "self.scaler.update()" in result.new_source
+    assert "        self.scaler.update()\n" not in out(source)  # a script's goes with its fp16

@@ -194,6 +194,14 @@ class GradScaler(Transform):
         self.fp16_only = {m.group(1) for m in _SCALER_ASSIGN.finditer(ctx.source)
                           if _under_fp16_test(ctx.source, m.start())}
 
+    def fix_or_report(self, node, message, build, fix=None):
+        # lightning's MixedPrecision plugin: its scaler serves the fp16 autocast of the device
+        # the library picks (CUDA, or the CPU of a TPU host), which stays fp16: without the
+        # scaler that training ran unscaled (gradients underflow)
+        if self.library_leaves(node, lambda: message + self.say("library")):
+            return None
+        return super().fix_or_report(node, message, build, fix)
+
     def _kept(self, name: str | None) -> bool:
         return name in self.fp16_only and not self.ctx.memo(
             "enters_autocast", lambda: _enters_autocast(self.ctx))
