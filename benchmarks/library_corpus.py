@@ -18,6 +18,9 @@ into ``--cache-dir``; torch itself is copied from the installed torch, never imp
 
 ``--sample N --seed S`` writes the unified diffs of N changed files, drawn at random over all
 packages, to ``--out DIR`` (one ``.diff`` per file, and ``index.txt``), for a person to review.
+``--recheck DIR`` migrates the files of an earlier sample again with today's code, each in a
+copy of its package (``tpukit migrate --diff`` on the file's folder, a folder walk as in the
+full run) and writes their diffs to ``DIR/recheck/``: what a fix did to the sample reviewed.
 
 How to run
 ----------
@@ -275,6 +278,51 @@ def write_sample(results: list[PackageResult], originals: dict[str, dict[str, by
     return index
 
 
+def recheck(sample: Path, cache: Path) -> list[str]:
+    """The diffs today's code makes to the files of `sample` (its index.txt), in DIR/recheck."""
+    entries = [line.split("\t") for line in (sample / "index.txt").read_text().splitlines() if line]
+    specs = {s.partition("==")[0]: s for s in PACKAGES}
+    out = sample / "recheck"
+    out.mkdir(exist_ok=True)
+    loaded: dict[str, dict[str, bytes]] = {}
+    written = []
+    for diff_name, where in entries:
+        name, _, rel = where.partition("/")
+        if name not in loaded:
+            loaded[name] = torch_members() if name == TORCH else python_members(
+                download(specs[name], cache))
+        members = loaded[name]
+        with tempfile.TemporaryDirectory(prefix="tpukit-recheck-") as tmp:
+            root = Path(tmp) / name
+            for member, data in members.items():
+                if not _skipped(member):
+                    (root / member).parent.mkdir(parents=True, exist_ok=True)
+                    (root / member).write_bytes(data)
+            target = root / rel
+            proc = subprocess.run(
+                [sys.executable, "-m", "tpukit", "migrate", "--diff", "--exit-zero",
+                 str(target.parent)], capture_output=True, text=True, cwd=root,
+                timeout=RUN_TIMEOUT_S, env={**_env(), "NO_COLOR": "1"})
+            section = _file_section(proc.stdout, rel)
+        (out / diff_name).write_text(section)
+        written.append(f"{diff_name}\t{'changed' if section else 'unchanged'}")
+    (out / "index.txt").write_text("\n".join(written) + "\n")
+    return written
+
+
+def _file_section(diff: str, rel: str) -> str:
+    """The part of a multi-file unified diff (findings printed after it) that is about `rel`."""
+    sections, current = {}, None
+    for line in diff.splitlines(keepends=True):
+        if line.startswith("--- "):
+            current = line[4:].split("\t")[0].strip()
+            sections[current] = []
+        if current is not None and line[:1] in ("-", "+", "@", " ", "\\"):
+            sections[current].append(line)
+    return next(("".join(lines) for path, lines in sections.items()
+                 if path.endswith("/" + rel)), "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "tpukit-library-corpus")
@@ -285,7 +333,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("--out", type=Path, default=Path("library-corpus-sample"))
     parser.add_argument("--keep", action="store_true", help="keep the migrated copies")
+    parser.add_argument("--recheck", type=Path, metavar="DIR",
+                        help="migrate the files of the sample in DIR again (DIR/recheck/)")
     args = parser.parse_args(argv)
+    if args.recheck:
+        try:
+            for line in recheck(args.recheck, args.cache_dir):
+                print(line)
+        except (BenchmarkError, subprocess.TimeoutExpired) as exc:
+            print(f"library_corpus: {exc}", file=sys.stderr)
+            return 2
+        return 0
     wanted = set(args.packages or [])
     specs = [s for s in PACKAGES if not wanted or s.partition("==")[0] in wanted]
     include_torch = not wanted or TORCH in wanted

@@ -1255,6 +1255,110 @@ def test_no_barrier_in_a_library_function_that_does_nothing_with_a_device(tmp_pa
     assert out(source).count("torch_xla.sync()") == 2  # a script's loops are its program's
 
 
+def test_no_barrier_where_a_library_function_keeps_all_its_cuda(tmp_path):
+    # fairscale's layer profiler (`if device.type == "cuda": torch.cuda.synchronize(device)`
+    # around each step) and ultralytics' profile_ops (`torch.cuda.empty_cache()`): what names
+    # CUDA stays in library code, so the loop runs on the device the caller gave (the CPU on a
+    # TPU host), where a barrier started the XLA runtime
+    source = """
+        import torch
+
+        def profile_times(layers, batch, device):
+            for layer in layers:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                y = layer(batch)
+                y.sum().backward()
+                optimizer.step()
+
+        def profile_ops(model, x, device):
+            torch.cuda.empty_cache()
+            for _ in range(3):
+                model(x.to(device)).sum().backward()
+                optimizer.step()
+        """
+    result = _package(tmp_path, source)
+    assert "torch_xla" not in result.new_source
+    left = [f for f in result.findings if f.code == "TPU303"]
+    assert [f.location.line for f in left] == [9, 15] and not any(f.applied for f in left)
+    assert all("picks itself" in f.message for f in left)
+    # a script's loops are its program's
+    assert out(source).count("optimizer.step()\n        torch_xla.sync()\n") == 2
+
+
+def test_no_device_loader_where_a_library_keeps_its_cuda_or_cpu_choice(tmp_path):
+    # fairscale's pipe benchmark: `device = cuda if available else cpu` stays (the CPU on a
+    # TPU host), and MpDeviceLoader(loader, device) started the runtime for CPU batches
+    source = """
+        import torch
+
+        def train(model, loader, optimizer):
+            device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+            for batch in loader:
+                model(batch.to(device)).sum().backward()
+                optimizer.step()
+
+        def train_on_gpu(model, loader, optimizer):
+            model.cuda()
+            for batch in loader:
+                model(batch.cuda()).sum().backward()
+                optimizer.step()
+        """
+    result = _package(tmp_path, source)
+    first, second = result.new_source.split("def train_on_gpu")
+    assert "MpDeviceLoader" not in first and "pl.MpDeviceLoader(loader" in second
+    (left,) = [f for f in result.findings if f.code == "TPU301" and not f.applied]
+    assert left.location.line == 5 and "CUDA-or-CPU choice stays" in left.message
+    assert "MpDeviceLoader" in out(source).split("def train_on_gpu")[0]
+
+
+def test_a_library_gloo_group_stays_and_its_nccl_group_is_ported(tmp_path):
+    # fairscale's single-process pipe benchmark: a gloo group over tcp:// runs on a TPU host
+    # as written; "xla://" wanted a launcher and XLA tensors
+    source = """
+        import torch.distributed as dist
+
+        def cpu_group():
+            dist.init_process_group(backend="gloo", rank=0, world_size=1,
+                                    init_method="tcp://localhost:29500")
+
+        def default_group():
+            dist.init_process_group()
+
+        def gpu_group():
+            dist.init_process_group(backend="nccl" if dist.is_nccl_available() else "gloo")
+        """
+    result = _package(tmp_path, source)
+    assert 'backend="gloo", rank=0' in result.new_source
+    assert "    dist.init_process_group()\n" in result.new_source
+    assert result.new_source.count('"xla"') == 1 and 'init_method="xla://"' in result.new_source
+    left = sorted(f.location.line for f in result.findings if f.code == "TPU401"
+                  and "names no NCCL" in f.message)
+    assert left == [4, 8]
+    assert out(source).count('init_process_group("xla"') == 3
+
+
+def test_library_code_keeps_its_cuda_seeds(tmp_path):
+    # ultralytics' init_seeds (run for CPU predictions too): torch_xla.manual_seed started the
+    # XLA runtime, where torch.cuda.manual_seed only queues the seed without CUDA
+    source = """
+        import torch
+
+        def init_seeds(seed):
+            torch.manual_seed(seed)
+            torch.cuda.manual_seed(seed)
+            torch.cuda.manual_seed_all(seed)
+        """
+    (tmp_path / "__init__.py").write_text("")
+    for target in ("xla", "torchtpu"):
+        result = migrate_source(textwrap.dedent(source).lstrip("\n"), str(tmp_path / "lib.py"),
+                                MigrateOptions(rules=ALL.rules, target=target))
+        assert result.new_source == textwrap.dedent(source).lstrip("\n")
+        left = [f for f in result.findings if f.code == "TPU113"]
+        assert len(left) == 2 and all("queues the seed" in f.message for f in left)
+    assert out(source).count("torch_xla.manual_seed(seed)") == 2
+
+
 def test_a_library_barrier_waits_on_its_callers_process_group(tmp_path):
     # lightning's DDPStrategy.barrier: its gloo branch is CPU DDP on a TPU host (XLAStrategy
     # has its own barrier); as xm.rendezvous it held no rank back there

@@ -119,6 +119,47 @@ def library_cuda_choice(ctx: MigrationContext, node: cst.If | cst.IfExp | cst.As
     return ctx.memo(("library_cuda_choice", id(node)), compute)
 
 
+def scope_moves_to_cuda(ctx: MigrationContext) -> bool:
+    """Whether the enclosing function of library code (or the module's top level) puts
+    something on CUDA that the port puts on XLA: `x.cuda()`, a "cuda" device string. What
+    library code keeps is not counted: a CUDA-or-CPU choice (library_cuda_choice: the CPU on
+    a TPU host), a comparison with "cuda", a `torch.cuda.*` call (`torch.cuda.empty_cache()`,
+    `torch.cuda.synchronize()` under `if device.type == "cuda"`). Where nothing is, the
+    function computes on the device the library picked, the CPU on a TPU host (fairscale's
+    layer profiler, ultralytics' profile_ops): a barrier or a device loader added there
+    would start the XLA runtime (and claim the TPU) in a process that computes on the CPU."""
+    scope = ctx.functions[-1] if ctx.functions else ctx.module
+
+    def compute() -> bool:
+        if not _NAMES_CUDA.search(ctx.scope_text()):
+            return False
+        return _moves(ctx, scope)
+
+    return ctx.memo(("scope_moves_to_cuda", id(scope)), compute)
+
+
+_NAMES_CUDA = re.compile(r"\bcuda\b", re.I)
+
+
+def _moves(ctx: MigrationContext, scope: cst.CSTNode) -> bool:
+    stack = [scope]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.If, cst.IfExp, cst.Assert)) and library_cuda_choice(ctx, node):
+            continue
+        if isinstance(node, cst.Comparison) or (
+                isinstance(node, (cst.FunctionDef, cst.ClassDef)) and node is not scope):
+            continue  # a nested function or class is a scope of its own
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and node.func.attr.value == "cuda" and not ctx.qualify(node.func):
+            return True  # `x.cuda()`, `module.cuda(device)`
+        if isinstance(node, (cst.SimpleString, cst.FormattedString)) \
+                and is_cuda_device_string(node):
+            return True
+        stack.extend(node.children)
+    return False
+
+
 _NAMES_DEVICE = re.compile(r"device|cuda|xla|tpu", re.I)
 
 

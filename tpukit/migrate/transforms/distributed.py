@@ -123,6 +123,14 @@ class ProcessGroup(Transform):
                 "given", code=self.ctx.short(node), backend=self.ctx.code(backend.value),
                 function=given), applied=False, fix=FixKind.NONE)
             return None
+        if _library_cpu_group(self.ctx, backend):
+            # fairscale's pipe benchmark: `init_process_group(backend="gloo", rank=0,
+            # world_size=1, init_method="tcp://...")` is a CPU group, which works on a TPU
+            # host as written; "xla://" would need a launcher and XLA tensors
+            self.ctx.report(self.rule, node, self.say(
+                "library_cpu", code=self.ctx.short(node)), applied=False, fix=FixKind.NONE,
+                severity=Severity.INFO)
+            return None
         store = find_keyword(node, "store")
         if store is not None:
             # accelerate's debug launcher: gloo over its own FileStore, in processes it forked
@@ -341,10 +349,19 @@ def _ported_group_call(ctx) -> bool:
             return False
         if any(a.star for a in node.args) or find_keyword(node, "store") is not None:
             return False
-        _, written = _backend_of(node)
+        backend, written = _backend_of(node)
+        if _library_cpu_group(ctx, backend):
+            return False
         return written is None or bool(_CUDA_OR_CPU_BACKEND.search(written))
 
     return bool(first(ctx.module, ported))
+
+
+def _library_cpu_group(ctx, backend: cst.Arg | None) -> bool:
+    """Is this init_process_group of library code one that names no NCCL (gloo, or the
+    default, which is gloo where there is no CUDA)? The library's CPU group: it runs on a TPU
+    host as written."""
+    return ctx.library_code and (backend is None or "nccl" not in ctx.code(backend.value).lower())
 
 
 # An availability test as the user wrote it, or as TPU110 wrote it (`bool(xr.device_type())`):

@@ -13,8 +13,8 @@ import re
 import libcst as cst
 
 from tpukit.findings import FixKind, Severity
-from tpukit.migrate.context import dotted, find_keyword, is_cuda_device_string, terminal_name
-from tpukit.migrate.nodes import first
+from tpukit.migrate.context import dotted, find_keyword, terminal_name
+from tpukit.migrate.guards import scope_moves_to_cuda
 from tpukit.migrate.transforms.base import Transform, transform
 
 DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
@@ -364,6 +364,15 @@ class DeviceLoader(Transform):
                             self.say("library", code=self.ctx.short(loader)),
                             applied=False, fix=FixKind.NONE, severity=Severity.INFO)
             return None
+        if self.ctx.library_code and not scope_moves_to_cuda(self.ctx):
+            # fairscale's pipe benchmark: `device = torch.device("cuda") if
+            # torch.cuda.is_available() else torch.device("cpu")` stays (library code), so its
+            # batches stay on the CPU of a TPU host: a device loader to that device would start
+            # the XLA runtime for nothing
+            self.ctx.report(self.rule, original.iter,
+                            self.say("library_own_device", code=self.ctx.short(loader)),
+                            applied=False, fix=FixKind.NONE, severity=Severity.INFO)
+            return None
         device = self.ctx.device_expr()
 
         def build():
@@ -452,7 +461,6 @@ class RaggedLastBatch(Transform):
 
 
 # Code that names CUDA (what the port moves to XLA): `.cuda()`, "cuda", torch.cuda.
-_CUDA_CODE = re.compile(r"\bcuda\b", re.I)
 # A module that imports torch_xla itself (as written: tpukit adds its own imports after).
 _IMPORTS_TORCH_XLA = re.compile(r"^[ \t]*(?:import|from)[ \t]+torch_xla\b", re.MULTILINE)
 
@@ -557,24 +565,11 @@ class StepBarrier(Transform):
             # DeepSpeed's superoffload step and ZenFlow's CPU-Adam child: no XLA tensor is
             # there, and the barrier would start the runtime (and claim the TPU) in them
             return self.say("library")
-        if not self._scope_names_cuda():
+        if not scope_moves_to_cuda(self.ctx):
             # DeepSpeed's Ulysses sp_fwd_loss_bwd: its batches go to `self.device`, the CPU
             # on a TPU host (DeepSpeed has no XLA accelerator)
             return self.say("library_own_device")
         return None
-
-    def _scope_names_cuda(self) -> bool:
-        """Whether the enclosing function's code (not its docstring: diffusers' examples say
-        `pipe.to("cuda")`) names CUDA: `.cuda()`, `torch.cuda`, a "cuda" device string."""
-        scope = self.ctx.functions[-1] if self.ctx.functions else self.ctx.module
-
-        def cuda(n: cst.CSTNode) -> bool:
-            if isinstance(n, cst.Attribute) and n.attr.value == "cuda":
-                return True
-            return isinstance(n, (cst.SimpleString, cst.FormattedString)) \
-                and is_cuda_device_string(n)
-        return self.ctx.memo(("names_cuda", id(scope)), lambda: bool(
-            _CUDA_CODE.search(self.ctx.scope_text()) and first(scope, cuda)))
 
     def _sync_line(self) -> cst.SimpleStatementLine:
         return cst.SimpleStatementLine([cst.Expr(self.ctx.expr("torch_xla.sync()"))])
