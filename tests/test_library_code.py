@@ -1359,6 +1359,52 @@ def test_library_code_keeps_its_cuda_seeds(tmp_path):
     assert out(source).count("torch_xla.manual_seed(seed)") == 2
 
 
+def test_a_library_spawn_keeps_its_process_count(tmp_path):
+    # fairscale's spawn_for_all_world_sizes: `world_size` CPU processes over gloo on a TPU
+    # host; torch_xla.launch started one per TPU device and the group waited for the rest
+    source = """
+        import torch
+        import torch.multiprocessing as mp
+
+        def test_runner(rank, world_size):
+            torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+
+        def spawn_for_all_world_sizes(world_size):
+            mp.spawn(test_runner, args=(world_size,), nprocs=world_size, join=True)
+        """
+    for target in ("xla", "torchtpu"):
+        (tmp_path / "__init__.py").write_text("")
+        result = migrate_source(textwrap.dedent(source).lstrip("\n"), str(tmp_path / "lib.py"),
+                                MigrateOptions(rules=ALL.rules, target=target))
+        assert "mp.spawn(test_runner, args=(world_size,), nprocs=world_size" in result.new_source
+        assert "xr.world_size()" not in result.new_source
+        assert "set_tpu_launch_env" not in result.new_source
+        (left,) = [f for f in result.findings if f.code == "TPU404"]
+        assert left.location.line == 8 and not left.applied and "in library code" in left.message
+    assert "torch_xla.launch(test_runner" in out(source)
+
+
+def test_no_barrier_in_a_library_autograd_backward(tmp_path):
+    # fairscale's OffloadFunction.backward: a barrier inside the backward of an autograd
+    # Function cuts the graph of every step that runs it; the caller's step barrier cuts it
+    source = """
+        import torch
+
+        class OffloadFunction(torch.autograd.Function):
+            @staticmethod
+            def backward(ctx, *grads):
+                for shard in ctx.shards:
+                    out = shard(ctx.inputs.cuda())
+                    torch.autograd.backward(out, grads)
+                    shard.weight.data.add_(shard.weight.grad, alpha=-0.1)
+                return grads
+        """
+    result = _package(tmp_path, source)
+    assert "torch_xla.sync()" not in result.new_source
+    (left,) = [f for f in result.findings if f.code == "TPU303"]
+    assert "inside `backward`" in left.message and not left.applied
+
+
 def test_a_library_barrier_waits_on_its_callers_process_group(tmp_path):
     # lightning's DDPStrategy.barrier: its gloo branch is CPU DDP on a TPU host (XLAStrategy
     # has its own barrier); as xm.rendezvous it held no rank back there

@@ -180,6 +180,50 @@ for step in range(int(sys.argv[1])):
 """
 
 
+def test_a_script_raising_inside_a_device_loader_loop_exits_with_its_own_code(tmp_path, run_cli):
+    # The loader's worker threads are still alive when the script raises: the run ends with
+    # the script's exit 1 after its report (one run aborted in the teardown, exit 134)
+    path = _script(tmp_path, """\
+import torch
+import torch_xla
+import torch_xla.distributed.parallel_loader as pl
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4, num_workers=2)
+for step, (x,) in enumerate(pl.MpDeviceLoader(loader, torch_xla.device())):
+    (x * 2).sum()
+    torch_xla.sync()
+    if step == 3:
+        raise ValueError("bad batch")
+""")
+    proc = run_cli("run", "--format", "json", path, env=CPU)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "ValueError: bad batch" in proc.stderr
+    assert json.loads(proc.stdout)["summary"]["exit_code"] == 1
+
+
+def test_loader_threads_are_told_apart_by_their_target():
+    import threading
+
+    from tpukit.run.command import loader_threads_alive
+
+    stop = threading.Event()
+
+    def worker():
+        stop.wait(10)
+
+    assert not loader_threads_alive()
+    worker.__module__ = "torch_xla.distributed.parallel_loader"
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    try:
+        assert loader_threads_alive()
+    finally:
+        stop.set()
+        thread.join()
+    assert not loader_threads_alive()
+
+
 def test_script_errors_print_a_clean_traceback_and_keep_the_steps(tmp_path, run_cli):
     path = _script(tmp_path, STEPS + "    if step == 2:\n        raise ValueError('bad batch')\n")
     proc = run_cli("run", "--format", "json", path, "5", env=CPU)

@@ -84,3 +84,22 @@ def test_host_tensors_fixed_bounds_and_open_ends_are_left_alone():
     migration = migrate(source)
     assert "a, b, c = host[i:i + 4], x[0:4], x[i:]" in migration.new_source
     assert [f.location.line for f in migration.findings if f.code == "TPU505"] == [6]
+
+
+def test_a_slice_with_one_fixed_bound_is_left_alone():
+    # transformers' timesfm decode loop: `input_padding[:, 0 : final_out.shape[1]]` grows by a
+    # patch per step, a new shape (and graph) whether sliced or index_selected
+    source = """
+    import torch
+    x = torch.randn(4, 64).cuda()
+    out = torch.randn(4, 8).cuda()
+    for step in range(4):
+        grown = x[:, 0 : out.shape[1]]
+        tail = x[:, step:16]
+        window = x[:, step : step + 8]
+    """
+    migration = migrate(source)
+    assert "grown = x[:, 0 : out.shape[1]]" in migration.new_source
+    assert "tail = x[:, step:16]" in migration.new_source
+    assert [f.location.line for f in migration.findings if f.code == "TPU505"] == [7]
+

@@ -217,10 +217,23 @@ def run_command(request: RunRequest) -> int:
     # work in flight (MpDeviceLoader's threads): the caller ends the process without the
     # interpreter's teardown, which aborted one run ("terminate called without an active
     # exception", exit -6) after its report said exit 0.
-    request.stopped_mid_loop = outcome.kind == "max-steps"
+    # A script that raised (or exited) while an MpDeviceLoader still fed it: the loader's
+    # threads are alive at teardown, which can abort the same way (exit 134 after a report
+    # that said exit 1): the script's own exit code, without the teardown.
+    request.stopped_mid_loop = outcome.kind == "max-steps" or (
+        outcome.kind in STOPPED and outcome.exit_code != 0 and loader_threads_alive())
     if outcome.kind in STOPPED and outcome.exit_code != 0:
         return outcome.exit_code
     return 1 if failed else 0
+
+
+def loader_threads_alive() -> bool:
+    """Is a torch_xla device loader's worker thread (MpDeviceLoader, ParallelLoader) still
+    running? A thread keeps its target until its run ends."""
+    import threading
+
+    return any(getattr(getattr(t, "_target", None), "__module__", "").startswith("torch_xla.")
+               for t in threading.enumerate() if t.is_alive())
 
 
 def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda: list,

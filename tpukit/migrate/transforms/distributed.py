@@ -535,11 +535,19 @@ class SpawnLaunch(Transform):
             return None
         positional = [a for a in call.args if a.keyword is None]
         nprocs = find_keyword(call, "nprocs") or (positional[2] if len(positional) > 2 else None)
+        if self._library_spawn(call):
+            return None
         before = self.mapping["before"].format(
             nprocs=self.ctx.code(nprocs.value) if nprocs is not None else "1")
         return self.fix_or_report(
             call, self.say("spawn", code=self.ctx.short(call)),
             lambda: StatementPlan([self.ctx.statement(before), node]))
+
+    def _library_spawn(self, call: cst.Call) -> bool:
+        """Library code starts its own processes, as many as it asks for (fairscale's
+        `spawn_for_all_world_sizes`: `world_size` CPU processes over gloo on a TPU host, where
+        `torch_xla.launch` starts one per TPU device and the group waited for the rest)."""
+        return self.library_leaves(call, lambda: self.say("library", code=self.ctx.short(call)))
 
     def visit_Expr(self, node: cst.Expr):
         return self._spawn_statement(node, node.value)
@@ -558,6 +566,8 @@ class SpawnLaunch(Transform):
             return None
         args = find_keyword(node, "args") or (positional[1] if len(positional) > 1 else None)
         start = find_keyword(node, "start_method")
+        if self._library_spawn(node):
+            return None
 
         def build():
             parts = [self.ctx.code(fn.value)]
@@ -574,7 +584,7 @@ class SpawnLaunch(Transform):
         the runtime): take the real one from torch_xla."""
         spawned = self.ctx.memo("spawned", lambda: set(_SPAWNED.findall(self.ctx.source)))
         if (original.name.value not in spawned or not self.ctx.can_fix(self.rule)
-                or "world_size" not in self.mapping):
+                or "world_size" not in self.mapping or self.ctx.library_code):
             return None
         params = [p.name.value for p in original.params.params]
         world = next((p for p in params[1:] if p in WORLD_NAMES), None)

@@ -558,9 +558,12 @@ class StepBarrier(Transform):
             # diffusers' pipelines: `if XLA_AVAILABLE: xm.mark_step()` in the denoising loop;
             # a barrier in their guidance loops or around long-video chunks is one too many
             return self.say("library_xla_aware")
-        if any(isinstance(f, cst.FunctionDef) and f.name.value == "forward"
+        if any(isinstance(f, cst.FunctionDef) and f.name.value in ("forward", "backward")
                for f in self.ctx.functions):
-            return self.say("library_forward")  # transformers' xLSTM: chunked inference
+            # transformers' xLSTM: chunked inference; fairscale's OffloadFunction.backward
+            return self.say("library_forward", function=next(
+                f.name.value for f in self.ctx.functions if isinstance(f, cst.FunctionDef)
+                and f.name.value in ("forward", "backward")))
         if self.ctx.library_hands_off():
             # DeepSpeed's superoffload step and ZenFlow's CPU-Adam child: no XLA tensor is
             # there, and the barrier would start the runtime (and claim the TPU) in them

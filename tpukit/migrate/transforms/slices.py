@@ -138,8 +138,10 @@ def _varying_slice(original: cst.Subscript) -> tuple[int, cst.Slice] | None:
             continue
         if found is not None or part.lower is None or part.upper is None:
             return None  # two sliced dimensions, or an open end (`x[i:]`: its size varies too)
-        if _is_literal(part.lower) and _is_literal(part.upper):
-            return None  # fixed bounds: one graph
+        if _is_literal(part.lower) or _is_literal(part.upper):
+            # fixed bounds: one graph; one fixed bound (`x[0:n]`, timesfm's decode loop): the
+            # slice's length moves with the other, a new shape (and graph) either way
+            return None
         found = (dim, part)
     return found
 
