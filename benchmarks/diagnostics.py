@@ -30,7 +30,12 @@ CASES = {
     "fallback_sync.py": ([], [], ["positive = torch.nonzero(labels)", "total += loss.item()"]),
     "slice_offset.py": (["--steps", "6"], [], ["chunk = corpus[i:i + bptt]"]),
     "branch.py": ([], [], ["loss = loss + 0.01 * model.weight.abs().sum()"]),
-    "no_barrier.py": ([], [], ["w -= 0.01 * w.grad"]),
+    # the barrier goes after the update, or at the end of the loop's body (the issue's "add
+    # `torch_xla.sync()` at the end of the step (line M)")
+    "no_barrier.py": ([], [], ["w -= 0.01 * w.grad", 'print(f"{iteration}: {loss.item():.4f}")']),
+    "embedding_bag.py": ([], [], ["return self.head(self.bag(ids, offsets))"]),
+    # two graphs from one line, by design: the finding should name the toggle that makes them
+    "ddp_no_sync.py": ([], [], ["model.require_backward_grad_sync = micro == accum - 1"]),
 }
 
 

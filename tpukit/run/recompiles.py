@@ -325,6 +325,11 @@ def _unbarriered(step: Step, graphs: dict, script: str, steps: list[Step]) -> li
                 end = f"after line {last}, the last of the loop's ops, in each iteration"
         elif not graphs:
             grew = " (`--explain-graphs` shows whether each graph grows)"
+        if end.startswith("at the end") and (loop := _loop_around(*where)) is not None:
+            # the graphs carry no lines (the first step runs under the fallback tracer, which
+            # IR debug cannot see past): the loop's own end, from the script's source
+            end = (f"at the end of each iteration: after line {loop[1]}, the last line of the "
+                   f"loop at line {loop[0]}")
         message = (f"step {step.index}: XLA compiled {len(hashes)} different graphs from this line "
                    f"within one step ({step.compile_s:.2f} s of compiling in the step){grew}: "
                    "nothing ends the loop's iterations, so each one's graph carries the ops still "
@@ -334,6 +339,22 @@ def _unbarriered(step: Step, graphs: dict, script: str, steps: list[Step]) -> li
                                 compile_s=round(step.compile_s, 6), graphs=hashes,
                                 kind="no-barrier", sizes=sizes))
     return findings
+
+
+def _loop_around(path: str, line: int) -> tuple[int, int] | None:
+    """(its first line, its body's last line) of the innermost `for`/`while` of the file at
+    `path` whose body holds `line`; None where there is none or the file does not parse."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+    found = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and node.body \
+                and node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0):
+            if found is None or node.lineno > found[0]:
+                found = (node.lineno, node.body[-1].end_lineno)
+    return found
 
 
 def _read_cut(step: Step, where, hashes: list[str], reads: list[str], sizes: list[int],
