@@ -1936,6 +1936,28 @@ def test_a_library_s_cuda_or_cpu_choice_stays(tmp_path):
     assert "torch_xla.device()" in out(source)  # a script's: ported
 
 
+def test_a_library_s_cuda_or_cpu_string_choice_stays_whole(tmp_path):
+    # minGPT's trainer (walked as a folder): `self.device = 'cuda' if torch.cuda.is_available()
+    # else 'cpu'`, the name used as a string, was said to stay, and then its 'cuda' became
+    # 'xla' by the conditional's leave: 'xla' on a CUDA host, the CPU on a TPU host
+    source = """
+        import torch
+
+        class Trainer:
+            def __init__(self, config, model):
+                if config.device == 'auto':
+                    self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                else:
+                    self.device = config.device
+                self.model = model.to(self.device)
+        """
+    result = _package(tmp_path, source)
+    assert result.new_source == textwrap.dedent(source).lstrip("\n")
+    assert [f.code for f in result.findings] == ["TPU101", "TPU110"]  # one finding each
+    assert not any(f.applied for f in result.findings)
+    assert "self.device = 'xla'\n" in out(source)  # a script's: ported
+
+
 def test_a_library_s_grad_scaler_stays_with_its_fp16(tmp_path):
     # lightning's MixedPrecision plugin: `self.scaler.scale(tensor)`, `scaler.step(optimizer)`
     # and `scaler.update()` were removed while its fp16 autocast (on the device lightning

@@ -147,3 +147,26 @@ def test_the_ported_tree_runs_on_xla_cpu(tree, run_cli):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "final loss: " in proc.stdout and "backend: xla" in proc.stdout
+
+
+def test_a_folder_named_beside_a_script_holds_the_program_the_script_imports(tmp_path, run_cli):
+    # minGPT: `tpukit migrate projects/chargpt/chargpt.py mingpt`; the script imports
+    # `mingpt.trainer` (installed from the repository's root), whose CUDA-or-CPU choice was
+    # left as library code's: the port trained on the CPU on a TPU host
+    (tmp_path / "projects" / "chargpt").mkdir(parents=True)
+    (tmp_path / "mingpt").mkdir()
+    (tmp_path / "mingpt" / "__init__.py").write_text("")
+    choice = "import torch\n\nDEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'\n" \
+             "print(DEVICE == 'cuda')\n"
+    (tmp_path / "mingpt" / "trainer.py").write_text(choice)
+    (tmp_path / "mingpt" / "unused.py").write_text(choice)  # imported by nobody: library code
+    (tmp_path / "projects" / "chargpt" / "chargpt.py").write_text(
+        "from mingpt.trainer import DEVICE\nprint(DEVICE)\n")
+    for folder in ("mingpt", "."):  # the package, or the repository that holds it
+        proc = run_cli("migrate", "--diff", "projects/chargpt/chargpt.py", folder, cwd=tmp_path)
+        assert proc.returncode == 1, proc.stderr  # --diff: there is something to change
+        trainer = proc.stdout.split("+++ b/")[1:]
+        assert [t.split("\n")[0] for t in trainer] == ["mingpt/trainer.py"], proc.stdout
+        assert "+DEVICE = 'xla'\n" in proc.stdout
+    alone = run_cli("migrate", "--diff", "mingpt", cwd=tmp_path)  # no script: a library's
+    assert "+++" not in alone.stdout

@@ -628,6 +628,39 @@ def test_the_barrier_capture_finds_what_the_users_frames_hold(tmp_path):
     assert proc.stdout.split() == ["True", "False", "True", "True"]
 
 
+KEPT_ALIVE = """
+import gc, sys, weakref
+import torch, torch_xla
+from tpukit.run.graph_capture import GraphCapture, held_tensors
+gc.disable()  # the cycle collector would hide a reference cycle
+device = torch_xla.device()
+model = torch.nn.Linear(4, 2).to(device)
+dropped = model(torch.ones(3, 4, device=device)).sum()
+ref = weakref.ref(dropped)
+held = held_tensors(sys._getframe())
+found = any(t is dropped for t in held)
+del held, dropped
+print(found, ref() is None)
+# a tensor with no ops pending is not hashed: hashing gave it a buffer of its own
+moved = torch.tensor([1.0, 2.0]).to(device)
+before = torch_xla._XLAC._get_xla_tensor_debug_info(moved)
+GraphCapture().before_sync(sys._getframe(), ("t.py", 1))
+print(torch_xla._XLAC._get_xla_tensor_debug_info(moved) == before)
+"""
+
+
+def test_the_barrier_capture_keeps_no_tensor_alive_and_changes_none(tmp_path):
+    # PyTorch-GAN's gan.py compiled a graph more under `tpukit run` (at step 6, when Python's
+    # cycle collector ran): the walk was a recursive closure, a reference cycle that kept the
+    # tensors it found alive past the script's own references
+    script = tmp_path / "kept.py"
+    script.write_text(KEPT_ALIVE)
+    proc = subprocess.run([sys.executable, str(script)], env={**os.environ, **CPU},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "True", "True"]
+
+
 def test_the_barrier_capture_adds_no_compile(tmp_path):
     # hashing and lowering the pending graph before the sync must not change what XLA runs
     script = RUN / "slice_offset.py"

@@ -68,19 +68,25 @@ def _selection(request: MigrateRequest) -> tuple[list[str], list[str]]:
     return request.config.select, request.ignore or request.config.ignore
 
 
-def _followed(request: MigrateRequest, files: list[Path], exclude: list[str]) -> list[Path]:
-    """The local modules the named scripts import that are not among `files` already: a port
-    of `train.py` that left the `model.py` it imports on CUDA would still fail."""
-    known = {real_path(f) for f in files}
-    followed = []
+def _imported(request: MigrateRequest, exclude: list[str]) -> list[Path]:
+    """The local modules the named scripts import, beside them or inside a folder named with
+    them: the user's program, ported in full (not as library code)."""
+    folders = [p for p in request.paths if p.is_dir()]
+    found: dict[Path, Path] = {}
     for path in request.paths:
         if path.is_dir() or path.suffix != ".py":
             continue
-        for module in local_modules(path):
-            if real_path(module) not in known and not _excluded(module, exclude, request.config.root):
-                known.add(real_path(module))
-                followed.append(module)
-    return followed
+        for module in local_modules(path, folders):
+            if not _excluded(module, exclude, request.config.root):
+                found.setdefault(real_path(module), module)
+    return list(found.values())
+
+
+def _followed(imported: list[Path], files: list[Path]) -> list[Path]:
+    """The imported modules not among `files` already: a port of `train.py` that left the
+    `model.py` it imports on CUDA would still fail."""
+    known = {real_path(f) for f in files}
+    return [m for m in imported if real_path(m) not in known]
 
 
 def build_jobs(request: MigrateRequest) -> list[Job]:
@@ -93,8 +99,9 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
         out = real_path(request.out_dir)
         exclude.append(out.as_posix())
     files = discover(request.paths, exclude, cfg.root, skipped=request.framework)
+    imported = _imported(request, exclude)
     if request.follow_imports:
-        request.followed = _followed(request, files, exclude)
+        request.followed = _followed(imported, files)
         files += request.followed
     if request.out_dir is not None:
         files = [f for f in files if out not in real_path(f).parents]
@@ -102,8 +109,9 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
     codes = tuple(r.code for r in rules)
     base = _base_of(request.paths)
     # the user's program: the files named, and the local modules named scripts import
+    # (followed, or found in a folder named with them)
     program = {real_path(p) for p in request.paths if not p.is_dir()}
-    program.update(real_path(p) for p in request.followed)
+    program.update(real_path(p) for p in imported)
     return [
         Job(
             path=f,

@@ -365,17 +365,25 @@ class Rewriter(cst.CSTTransformer):
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
         if id(original) in self.skip:
             return updated
+        # CUDA-only code stays CUDA-only through its own node's leave hooks: a library's
+        # `"cuda" if torch.cuda.is_available() else "cpu"` kept whole had its "cuda" made
+        # "xla" by the conditional's leave hook (minGPT's trainer, named as a folder).
+        cuda_only = (
+            (isinstance(original, cst.FunctionDef) and cuda_only_function(original, self.ctx))
+            or (isinstance(original, cst.Try) and cuda_only_try(original))
+            or (isinstance(original, (cst.If, cst.IfExp, cst.Assert))
+                and library_cuda_choice(self.ctx, original)))
+        try:
+            return self._leave(original, updated)
+        finally:
+            if cuda_only:
+                self.ctx.cuda_only.pop()
+
+    def _leave(self, original: cst.CSTNode, updated: cst.CSTNode):
         if isinstance(original, cst.Assign):
             self.ctx.assign_targets.pop()
         elif isinstance(original, (cst.FunctionDef, cst.Lambda)):
-            if isinstance(original, cst.FunctionDef) and cuda_only_function(original, self.ctx):
-                self.ctx.cuda_only.pop()
             self.ctx.functions.pop()
-        elif isinstance(original, cst.Try) and cuda_only_try(original):
-            self.ctx.cuda_only.pop()
-        elif isinstance(original, (cst.If, cst.IfExp, cst.Assert)) and library_cuda_choice(
-                self.ctx, original):
-            self.ctx.cuda_only.pop()
         elif isinstance(original, (cst.Import, cst.ImportFrom)):
             self.ctx.in_import = False
         elif isinstance(original, cst.FormattedString):

@@ -7,6 +7,12 @@ allocating `torch.cuda.FloatTensor(1)`, all run in the ported process, so a port
 alone would still crash or stay on CUDA. Only files under the script's folder are followed
 (never an installed package, a virtual environment or a hidden folder), with Python's `ast`
 (no import is executed and torch is never imported).
+
+Folders named beside the script are the user's too: `tpukit migrate projects/chargpt/chargpt.py
+mingpt` (minGPT, whose script imports `mingpt.trainer` from the repository's root, installed
+or on PYTHONPATH) finds `mingpt/trainer.py` inside the named `mingpt`: a named package is
+looked up from its parent folder, a named plain folder from itself, and only files inside the
+named folder count.
 """
 
 from __future__ import annotations
@@ -39,25 +45,40 @@ def _module_file(root: Path, dotted: str) -> list[Path]:
     return files
 
 
-def _imported(path: Path, tree: ast.Module, root: Path) -> list[Path]:
+def _imported(path: Path, tree: ast.Module, roots: list[Path]) -> list[Path]:
+    """The files `path` imports, each absolute import looked up under every root."""
     found: list[Path] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                found += _module_file(root, alias.name)
+                for root in roots:
+                    found += _module_file(root, alias.name)
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: from the importing module's package
                 base = path.parent
                 for _ in range(node.level - 1):
                     base = base.parent
-                prefix = node.module or ""
+                bases = [base]
             else:
-                base, prefix = root, node.module or ""
-            found += _module_file(base, prefix) if prefix else []
-            for alias in node.names:  # `from pkg import module`
-                if alias.name != "*":
-                    found += _module_file(base, f"{prefix}.{alias.name}" if prefix else alias.name)
+                bases = roots
+            prefix = node.module or ""
+            for base in bases:
+                found += _module_file(base, prefix) if prefix else []
+                for alias in node.names:  # `from pkg import module`
+                    if alias.name != "*":
+                        found += _module_file(
+                            base, f"{prefix}.{alias.name}" if prefix else alias.name)
     return found
+
+
+def _lookup(folder: Path) -> tuple[Path, Path]:
+    """(where imports are looked up, what they must lie under) for a folder named beside a
+    script: a package from its parent (`import mingpt` finds the named `mingpt/`), a plain
+    folder (a repository's root) from itself."""
+    folder = real_path(folder)
+    if (folder / "__init__.py").is_file():
+        return folder.parent, folder
+    return folder, folder
 
 
 def _skipped(path: Path, root: Path) -> bool:
@@ -65,10 +86,13 @@ def _skipped(path: Path, root: Path) -> bool:
     return any(p.startswith(".") or p in _SKIP for p in parts)
 
 
-def local_modules(script: Path) -> list[Path]:
-    """The `.py` files under `script`'s folder that running it imports, in the order found
-    (the script itself excluded). A file that does not parse is not followed further."""
+def local_modules(script: Path, folders: list[Path] | tuple[Path, ...] = ()) -> list[Path]:
+    """The `.py` files under `script`'s folder, or inside one of `folders` (named beside it),
+    that running it imports, in the order found (the script itself excluded). A file that
+    does not parse is not followed further."""
     root = real_path(script).parent
+    places = [(root, root)] + [_lookup(f) for f in folders]
+    roots = list(dict.fromkeys(base for base, _ in places))
     seen = {real_path(script)}
     queue, found = [real_path(script)], []
     while queue:
@@ -77,11 +101,14 @@ def local_modules(script: Path) -> list[Path]:
             tree = ast.parse(current.read_bytes(), filename=str(current))
         except (SyntaxError, ValueError, OSError, RecursionError):
             continue
-        for candidate in _imported(current, tree, root):
+        for candidate in _imported(current, tree, roots):
             resolved = real_path(candidate)
-            if resolved in seen or root not in resolved.parents or _skipped(resolved, root):
+            inside = next((top for _, top in places
+                           if top in resolved.parents and not _skipped(resolved, top)), None)
+            if resolved in seen or inside is None:
                 continue
             seen.add(resolved)
             queue.append(resolved)
-            found.append(script.parent / resolved.relative_to(root))
+            found.append(script.parent / resolved.relative_to(root) if inside == root
+                         else resolved)
     return found

@@ -83,6 +83,13 @@ class GraphCapture:
                 if _tracing():
                     return None
                 tensors = [t for t in tensors_of() if _plain(t)]
+                if tensors:
+                    # only the tensors with ops pending: `_get_graph_hash` gives the others
+                    # (an IR device_data node, host data) a device buffer of their own, which
+                    # changes how a later graph takes them in (PyTorch-GAN's gan.py compiled
+                    # a graph more, at step 6)
+                    pending = xlac._check_tensor_need_materialization(tensors)
+                    tensors = [t for t, needed in zip(tensors, pending) if needed]
                 if not tensors:
                     return None
                 own = xlac._get_graph_hash(tensors)
@@ -170,45 +177,45 @@ def held_tensors(frame) -> list:
     script's top level: its globals), looked into modules (parameters, buffers, gradients),
     optimizers (state) and containers; each once, in the order found. (`_get_graph_hash`
     covers the tensors a sync would run, those with no device data yet: a list that collects
-    each step's loss kept one hash over four steps, measured on XLA:CPU.)"""
+    each step's loss kept one hash over four steps, measured on XLA:CPU.)
+
+    A loop over a stack, not a recursive closure: a closure that calls itself is a reference
+    cycle, which kept the tensors found alive until Python's cycle collector ran; a tensor
+    the script had dropped was then still live at the next barrier, whose graph computed it
+    too: a graph more to compile whenever the collector ran late (PyTorch-GAN's gan.py: a new
+    graph at step 6, and slower steps)."""
     import torch
 
     found: dict[int, torch.Tensor] = {}
     seen: set[int] = set()
-
-    def add(tensor) -> None:
-        if tensor is not None and _plain(tensor):
-            found.setdefault(id(tensor), tensor)
-
-    def look(value, depth: int) -> None:
-        if id(value) in seen:
-            return
-        seen.add(id(value))
-        if isinstance(value, torch.Tensor):
-            add(value)
-            add(value.grad if value.requires_grad and value.is_leaf else None)
-        elif isinstance(value, torch.nn.Module):
-            for tensor in value.parameters():
-                add(tensor)
-                add(tensor.grad)
-            for tensor in value.buffers():
-                add(tensor)
-        elif isinstance(value, torch.optim.Optimizer):
-            for state in value.state.values():
-                for item in state.values():
-                    if isinstance(item, torch.Tensor):
-                        add(item)
-            for group in value.param_groups:
-                for tensor in group["params"]:
-                    add(tensor)
-                    add(tensor.grad)
-        elif depth < _DEPTH and isinstance(value, (list, tuple, dict)) and len(value) <= _ITEMS:
-            for item in (value.values() if isinstance(value, dict) else value):
-                look(item, depth + 1)
-
+    values: list = []
     while frame is not None:
         if is_user_file(frame.f_code.co_filename):
-            for value in list(frame.f_locals.values()):
-                look(value, 0)
+            values.extend((value, 0) for value in list(frame.f_locals.values()))
         frame = frame.f_back
+    values.reverse()  # popped from the end: in the order found
+    while values:
+        value, depth = values.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        tensors: list = []
+        if isinstance(value, torch.Tensor):
+            tensors = [value, value.grad if value.requires_grad and value.is_leaf else None]
+        elif isinstance(value, torch.nn.Module):
+            for tensor in value.parameters():
+                tensors += [tensor, tensor.grad]
+            tensors += list(value.buffers())
+        elif isinstance(value, torch.optim.Optimizer):
+            for state in value.state.values():
+                tensors += [item for item in state.values() if isinstance(item, torch.Tensor)]
+            for group in value.param_groups:
+                for tensor in group["params"]:
+                    tensors += [tensor, tensor.grad]
+        elif depth < _DEPTH and isinstance(value, (list, tuple, dict)) and len(value) <= _ITEMS:
+            items = list(value.values() if isinstance(value, dict) else value)
+            values.extend((item, depth + 1) for item in reversed(items))
+        for tensor in tensors:
+            if tensor is not None and _plain(tensor):
+                found.setdefault(id(tensor), tensor)
     return list(found.values())

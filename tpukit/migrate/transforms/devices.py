@@ -88,6 +88,7 @@ class CudaDevice(Transform):
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self.not_devices: set[int] = set()  # id() of expressions that build a non-device name
+        self.choices: set[int] = set()  # id() of the CUDA-or-CPU choices visit_IfExp said
         self.bound_to: dict[int, list[str]] = {}  # id(IfExp) -> the names it is read back by
         self.argparse_defaults: set[int] = set()  # id() of `add_argument(default=...)` values
 
@@ -137,6 +138,7 @@ class CudaDevice(Transform):
             and is_accelerator_value(self.ctx, node.body)
             and is_cpu_device(node.orelse)
         ):
+            self.choices.add(id(node))  # said here, whole: leave_IfExp leaves its parts
             if self._library_choice(node):
                 return None
             kept = self._kept_as_string(node)
@@ -210,7 +212,7 @@ class CudaDevice(Transform):
 
     def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp):
         # `"cuda" if use_cuda else "cpu"`: the user's condition stays, the type becomes xla.
-        if id(original) in self.not_devices:
+        if id(original) in self.not_devices or id(original) in self.choices:
             return None
         if isinstance(original.body, cst.SimpleString) and is_cuda_device_string(original.body):
             new_body = self._string_to_xla(original.body, self.say("in_choice"))
