@@ -617,15 +617,20 @@ print(all(id(t) in ids for t in wanted), id(on_cpu) in ids, len(ids) == len(set(
 """
 
 
+def _printed(tmp_path, source: str) -> list[str]:
+    """What a snippet prints (split into words), run on XLA:CPU in a process of its own."""
+    script = tmp_path / "snippet.py"
+    script.write_text(source)
+    proc = subprocess.run([sys.executable, str(script)], env={**os.environ, **CPU},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.split()
+
+
 def test_the_barrier_capture_finds_what_the_users_frames_hold(tmp_path):
     # parameters, gradients and optimizer state through the module and optimizer, a loss in a
     # dict's list, a caller's local; never a CPU tensor, never one twice
-    script = tmp_path / "held.py"
-    script.write_text(HELD)
-    proc = subprocess.run([sys.executable, str(script)], env={**os.environ, **CPU},
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["True", "False", "True", "True"]
+    assert _printed(tmp_path, HELD) == ["True", "False", "True", "True"]
 
 
 KEPT_ALIVE = """
@@ -653,12 +658,7 @@ def test_the_barrier_capture_keeps_no_tensor_alive_and_changes_none(tmp_path):
     # PyTorch-GAN's gan.py compiled a graph more under `tpukit run` (at step 6, when Python's
     # cycle collector ran): the walk was a recursive closure, a reference cycle that kept the
     # tensors it found alive past the script's own references
-    script = tmp_path / "kept.py"
-    script.write_text(KEPT_ALIVE)
-    proc = subprocess.run([sys.executable, str(script)], env={**os.environ, **CPU},
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["True", "True", "True"]
+    assert _printed(tmp_path, KEPT_ALIVE) == ["True", "True", "True"]
 
 
 def test_the_barrier_capture_adds_no_compile(tmp_path):
@@ -699,12 +699,7 @@ print(capture.before_read(real, ("t.py", 2)) is not None)
 def test_a_fake_tensor_is_never_hashed(tmp_path):
     # torch.compile's tracing reads FakeTensors (varlen_seq_model): `_get_graph_hash` of one
     # aborted the whole run in a CHECK (exit 134)
-    script = tmp_path / "fake.py"
-    script.write_text(FAKE)
-    proc = subprocess.run([sys.executable, str(script)], env={**os.environ, **CPU},
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["None", "True"]
+    assert _printed(tmp_path, FAKE) == ["None", "True"]
 
 
 def test_a_script_that_compiles_runs_to_its_end_with_graph_diffs(tmp_path):
