@@ -484,3 +484,27 @@ def test_a_graph_without_lines_is_diffed_by_opcode_at_the_other_graphs_line():
         difference = diff_graphs(before, after, _user)
         assert difference.kind == "changed" and difference.op == "constant"
         assert (difference.path, difference.line) == ("/tmp/train.py", 12)
+
+
+def test_a_package_installed_outside_the_interpreter_is_not_the_user_s_code(tmp_path):
+    # `pip install --target DEPS torchvision` on PYTHONPATH: torchvision's save_image was
+    # named as the script's own line (TPU703 at DEPS/torchvision/utils.py:92)
+    from tpukit.run.frames import is_user_file
+
+    deps = tmp_path / "deps"
+    (deps / "dep-1.0.dist-info").mkdir(parents=True)
+    (deps / "dep-1.0.dist-info" / "RECORD").write_text(
+        "dep/__init__.py,sha256=x,0\ndep/utils.py,sha256=y,10\nsix.py,sha256=z,5\n"
+        "dep-1.0.dist-info/RECORD,,\n")
+    for name in ("dep/__init__.py", "dep/utils.py", "six.py", "train.py", "mine/model.py"):
+        (deps / name).parent.mkdir(parents=True, exist_ok=True)
+        (deps / name).write_text("")
+    other_venv = tmp_path / "venv" / "lib" / "python3.12" / "site-packages" / "pkg.py"
+    other_venv.parent.mkdir(parents=True)
+    other_venv.write_text("")
+    assert not is_user_file(str(deps / "dep" / "utils.py"))
+    assert not is_user_file(str(deps / "six.py"))
+    assert not is_user_file(str(other_venv))
+    # what no RECORD lists stays the user's, even beside installed packages
+    assert is_user_file(str(deps / "train.py"))
+    assert is_user_file(str(deps / "mine" / "model.py"))

@@ -22,7 +22,41 @@ LIBRARY_ROOTS = _library_roots()
 def is_user_file(filename: str) -> bool:
     if filename.startswith("<"):
         return False
-    return not str(Path(filename).resolve()).startswith(LIBRARY_ROOTS)
+    path = Path(filename).resolve()
+    return not str(path).startswith(LIBRARY_ROOTS) and not _installed(path)
+
+
+def _installed(path: Path) -> bool:
+    """`path` belongs to an installed distribution outside the interpreter's own paths: it
+    lies under a `site-packages` or `dist-packages` folder (a user site, another venv), or a
+    pip `*.dist-info` RECORD in a folder above it lists the top-level name it lies under
+    (`pip install --target DEPS` on PYTHONPATH: torchvision's `save_image` there was named as
+    the script's own line). A script beside such a folder stays the user's."""
+    parts = path.parts
+    if "site-packages" in parts or "dist-packages" in parts:
+        return True
+    return any(parts[i] in _recorded(Path(*parts[:i])) for i in range(1, len(parts)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _recorded(folder: Path) -> frozenset[str]:
+    """The top-level names (packages, modules) the pip RECORDs in `folder` install."""
+    names: set[str] = set()
+    try:
+        records = [e / "RECORD" for e in folder.iterdir()
+                   if e.name.endswith(".dist-info") and e.is_dir()]
+    except OSError:
+        return frozenset()
+    for record in records:
+        try:
+            text = record.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            first = line.split(",", 1)[0].split("/", 1)[0]
+            if first and first != ".." and not first.endswith(".dist-info"):
+                names.add(first)
+    return frozenset(names)
 
 
 def user_frame(frame) -> tuple[str, int] | None:
