@@ -84,10 +84,10 @@ class GraphCapture:
                     return None
                 tensors = [t for t in tensors_of() if _plain(t)]
                 if tensors:
-                    # only the tensors with ops pending: `_get_graph_hash` gives the others
-                    # (an IR device_data node, host data) a device buffer of their own, which
-                    # changes how a later graph takes them in (PyTorch-GAN's gan.py compiled
-                    # a graph more, at step 6)
+                    # only the tensors with ops pending, what the sync runs: `_get_graph_hash`
+                    # changed the others (a tensor whose IR was a device_data node came out
+                    # holding a device buffer instead, seen with `_get_xla_tensor_debug_info`),
+                    # and a capture must leave XLA's state as it found it
                     pending = xlac._check_tensor_need_materialization(tensors)
                     tensors = [t for t, needed in zip(tensors, pending) if needed]
                 if not tensors:
