@@ -297,6 +297,7 @@ class Rewriter(cst.CSTTransformer):
         self.planned: dict[cst.CSTNode, object] = {}
         self.statement_plans: dict[cst.CSTNode, StatementPlan] = {}
         self.removed_lines: dict[cst.CSTNode, str] = {}
+        self.cuda_only_at: set[int] = set()  # id() of the nodes that pushed ctx.cuda_only
 
     # Bookkeeping that every rule relies on, then the rules' own hooks.
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -317,14 +318,14 @@ class Rewriter(cst.CSTTransformer):
         elif isinstance(node, cst.Assign):
             ctx.assign_targets.append([terminal_name(t.target) for t in node.targets])
         elif isinstance(node, (cst.FunctionDef, cst.Lambda)):
-            if isinstance(node, cst.FunctionDef) and (why := cuda_only_function(node, ctx)):
-                ctx.cuda_only.append(why)
             ctx.functions.append(node)
-        elif isinstance(node, cst.Try) and (why := cuda_only_try(node)):
+        why = (cuda_only_function(node, ctx) if isinstance(node, cst.FunctionDef)
+               else cuda_only_try(node) if isinstance(node, cst.Try)
+               else library_cuda_choice(ctx, node)
+               if isinstance(node, (cst.If, cst.IfExp, cst.Assert)) else None)
+        if why:
             ctx.cuda_only.append(why)
-        elif isinstance(node, (cst.If, cst.IfExp, cst.Assert)) and (
-                why := library_cuda_choice(ctx, node)):
-            ctx.cuda_only.append(why)
+            self.cuda_only_at.add(id(node))  # popped after the node's own leave hooks
         kind = type(node).__name__
         for fact in self.facts.visit.get(kind, ()):
             fact(node)
@@ -368,15 +369,11 @@ class Rewriter(cst.CSTTransformer):
         # CUDA-only code stays CUDA-only through its own node's leave hooks: a library's
         # `"cuda" if torch.cuda.is_available() else "cpu"` kept whole had its "cuda" made
         # "xla" by the conditional's leave hook (minGPT's trainer, named as a folder).
-        cuda_only = (
-            (isinstance(original, cst.FunctionDef) and cuda_only_function(original, self.ctx))
-            or (isinstance(original, cst.Try) and cuda_only_try(original))
-            or (isinstance(original, (cst.If, cst.IfExp, cst.Assert))
-                and library_cuda_choice(self.ctx, original)))
         try:
             return self._leave(original, updated)
         finally:
-            if cuda_only:
+            if id(original) in self.cuda_only_at:
+                self.cuda_only_at.discard(id(original))
                 self.ctx.cuda_only.pop()
 
     def _leave(self, original: cst.CSTNode, updated: cst.CSTNode):
