@@ -4,8 +4,9 @@ What it measures
 ----------------
 For each package of a pinned list (the wheel or sdist from PyPI, ``pip download --no-deps``
 into ``--cache-dir``; torch itself is copied from the installed torch, never imported), its
-``*.py`` files are copied to a scratch folder and migrated in write mode
-(``python -m tpukit migrate --format json -j J DIR``). Per package it prints:
+``*.py`` files are copied to a scratch folder and migrated in write mode, as a library's own
+authors port it (``python -m tpukit migrate --library-mode --format json -j J DIR``). Per
+package it prints:
 
 * files, lines: the Python files migrated (``--max-files N`` takes a seeded sample of N);
 * seconds: wall time of the first migrate run;
@@ -170,8 +171,8 @@ def choose(members: dict[str, bytes], max_files: int | None, rng: random.Random)
 def migrate(folder: Path, jobs: int) -> tuple[dict, float]:
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "tpukit", "migrate", "--format", "json", "--exit-zero",
-         "-j", str(jobs), str(folder)],
+        [sys.executable, "-m", "tpukit", "migrate", "--library-mode", "--format", "json",
+         "--exit-zero", "-j", str(jobs), str(folder)],
         capture_output=True, text=True, cwd=folder, timeout=RUN_TIMEOUT_S,
         env={**_env(), "NO_COLOR": "1"})
     seconds = time.perf_counter() - start
@@ -300,8 +301,8 @@ def recheck(sample: Path, cache: Path) -> list[str]:
                     (root / member).write_bytes(data)
             target = root / rel
             proc = subprocess.run(
-                [sys.executable, "-m", "tpukit", "migrate", "--diff", "--exit-zero",
-                 str(target.parent)], capture_output=True, text=True, cwd=root,
+                [sys.executable, "-m", "tpukit", "migrate", "--library-mode", "--diff",
+                 "--exit-zero", str(target.parent)], capture_output=True, text=True, cwd=root,
                 timeout=RUN_TIMEOUT_S, env={**_env(), "NO_COLOR": "1"})
             section = _file_section(proc.stdout, rel)
         (out / diff_name).write_text(section)

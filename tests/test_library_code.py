@@ -11,11 +11,13 @@ import time
 import pytest
 
 from tpukit.migrate.engine import MigrateOptions, MigrationBug, migrate_source
+from tpukit.migrate.ownership import Owner
 from tpukit.rules import select_rules
 
-ALL = MigrateOptions(rules=select_rules([], []))
-# a package module the user named, or a named script imports: their program, not library code
-PROGRAM = MigrateOptions(rules=select_rules([], []), program=True)
+# library mode (--library-mode): a package module is library code; a script is still a program
+ALL = MigrateOptions(rules=select_rules([], []), owner=Owner.LIBRARY)
+# the user's program: every package module of it ported whole
+PROGRAM = MigrateOptions(rules=select_rules([], []))
 
 
 def migrate(source: str, options: MigrateOptions = ALL):
@@ -1352,7 +1354,7 @@ def test_library_code_keeps_its_cuda_seeds(tmp_path):
     (tmp_path / "__init__.py").write_text("")
     for target in ("xla", "torchtpu"):
         result = migrate_source(textwrap.dedent(source).lstrip("\n"), str(tmp_path / "lib.py"),
-                                MigrateOptions(rules=ALL.rules, target=target))
+                                MigrateOptions(rules=ALL.rules, target=target, owner=Owner.LIBRARY))
         assert result.new_source == textwrap.dedent(source).lstrip("\n")
         left = [f for f in result.findings if f.code == "TPU113"]
         assert len(left) == 2 and all("queues the seed" in f.message for f in left)
@@ -1375,7 +1377,7 @@ def test_a_library_spawn_keeps_its_process_count(tmp_path):
     for target in ("xla", "torchtpu"):
         (tmp_path / "__init__.py").write_text("")
         result = migrate_source(textwrap.dedent(source).lstrip("\n"), str(tmp_path / "lib.py"),
-                                MigrateOptions(rules=ALL.rules, target=target))
+                                MigrateOptions(rules=ALL.rules, target=target, owner=Owner.LIBRARY))
         assert "mp.spawn(test_runner, args=(world_size,), nprocs=world_size" in result.new_source
         assert "xr.world_size()" not in result.new_source
         assert "set_tpu_launch_env" not in result.new_source
@@ -1880,22 +1882,59 @@ def test_a_library_loop_whose_docstring_says_cuda_gets_no_barrier(tmp_path):
     assert "torch.zeros(2).to(torch_xla.device())" in result.new_source
 
 
-def test_a_package_module_the_user_names_or_a_script_imports_is_the_program(tmp_path, run_cli):
-    # library code is what a folder walk finds in a package; a module the user named, or
-    # one the named script imports (`from proj.util import pick`), is their program: its
-    # `torch.cuda.is_available()` test is ported, not left to "the library"
+def test_every_package_module_the_user_names_is_the_program(tmp_path, run_cli):
+    # minGPT's `tpukit migrate .`: the repository's own package is the user's program, ported
+    # whole (its trainer's `'cuda' if torch.cuda.is_available() else 'cpu'` stayed, and the
+    # port trained on the CPU on a TPU host); only --library-mode keeps a package's CUDA tests
     (tmp_path / "proj").mkdir()
     (tmp_path / "proj" / "__init__.py").write_text("")
     util = ("import torch\n\n\ndef pick():\n    if torch.cuda.is_available():\n"
             "        return torch.device('cuda')\n    return torch.device('cpu')\n")
     (tmp_path / "proj" / "util.py").write_text(util)
     (tmp_path / "train.py").write_text("from proj.util import pick\nprint(pick())\n")
-    walked = run_cli("migrate", "--diff", "proj", cwd=tmp_path)
-    assert walked.stdout.startswith("Would change 0") or "+++" not in walked.stdout
-    assert "picks CUDA's path in library code" in walked.stdout + walked.stderr
-    for named in ("train.py", "proj/util.py"):
+    for named in ("proj", ".", "train.py", "proj/util.py"):
         proc = run_cli("migrate", "--diff", named, cwd=tmp_path)
         assert "+    if bool(xr.device_type()):\n" in proc.stdout, named
+    library = run_cli("migrate", "--diff", "--library-mode", "proj", cwd=tmp_path)
+    assert "+++" not in library.stdout
+    assert "picks CUDA's path in library code" in library.stdout + library.stderr
+
+
+def test_a_folder_marked_as_a_library_is_never_rewritten(tmp_path, run_cli):
+    (tmp_path / "vendor" / "lib").mkdir(parents=True)
+    (tmp_path / "vendor" / "lib" / "__init__.py").write_text("")
+    cuda = "import torch\nx = torch.zeros(2).cuda()\n"
+    (tmp_path / "vendor" / "lib" / "ops.py").write_text(cuda)
+    (tmp_path / "train.py").write_text("import torch\nfrom vendor.lib import ops\ny = torch.ones(2).cuda()\n")
+    proc = run_cli("migrate", "--library", "vendor", ".", cwd=tmp_path, check_rc=0)
+    assert (tmp_path / "vendor" / "lib" / "ops.py").read_text() == cuda
+    assert ".cuda()" not in (tmp_path / "train.py").read_text()
+    assert "Left 2 files of someone else's code" in proc.stdout
+    # the same from [tool.tpukit] library, as JSON
+    (tmp_path / "train.py").write_text("import torch\nfrom vendor.lib import ops\ny = torch.ones(2).cuda()\n")
+    (tmp_path / "pyproject.toml").write_text('[tool.tpukit]\nlibrary = ["vendor"]\n')
+    proc = run_cli("migrate", "--check", "--format", "json", ".", cwd=tmp_path, check_rc=1)
+    import json
+    left = json.loads(proc.stdout)["summary"]["library_files_left"]
+    assert sorted(entry["path"] for entry in left) == ["vendor/lib/__init__.py", "vendor/lib/ops.py"]
+    assert all("library folder" in entry["why"] for entry in left)
+
+
+def test_a_file_of_an_installed_package_is_someone_else_s(tmp_path, run_cli):
+    # named explicitly or not: a file pip installed (under site-packages, or listed in a
+    # dist-info RECORD beside it, as `pip install --target` leaves it) is not the user's
+    site = tmp_path / "deps"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "__init__.py").write_text("")
+    cuda = "import torch\nx = torch.zeros(2).cuda()\n"
+    (site / "pkg" / "ops.py").write_text(cuda)
+    (site / "pkg-1.0.dist-info").mkdir()
+    (site / "pkg-1.0.dist-info" / "RECORD").write_text("pkg/__init__.py,,\npkg/ops.py,,\n")
+    proc = run_cli("migrate", "deps/pkg/ops.py", cwd=tmp_path)
+    assert (site / "pkg" / "ops.py").read_text() == cuda
+    assert "part of an installed package" in proc.stdout
+    run_cli("migrate", "--library-mode", "deps/pkg/ops.py", cwd=tmp_path)
+    assert ".cuda()" not in (site / "pkg" / "ops.py").read_text()
 
 
 def test_a_library_s_question_to_the_host_s_cuda_is_left_wherever_it_is(tmp_path):

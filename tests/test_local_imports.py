@@ -159,14 +159,31 @@ def test_a_folder_named_beside_a_script_holds_the_program_the_script_imports(tmp
     choice = "import torch\n\nDEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'\n" \
              "print(DEVICE == 'cuda')\n"
     (tmp_path / "mingpt" / "trainer.py").write_text(choice)
-    (tmp_path / "mingpt" / "unused.py").write_text(choice)  # imported by nobody: library code
+    (tmp_path / "mingpt" / "unused.py").write_text(choice)  # imported by nobody
     (tmp_path / "projects" / "chargpt" / "chargpt.py").write_text(
         "from mingpt.trainer import DEVICE\nprint(DEVICE)\n")
     for folder in ("mingpt", "."):  # the package, or the repository that holds it
         proc = run_cli("migrate", "--diff", "projects/chargpt/chargpt.py", folder, cwd=tmp_path)
         assert proc.returncode == 1, proc.stderr  # --diff: there is something to change
-        trainer = proc.stdout.split("+++ b/")[1:]
-        assert [t.split("\n")[0] for t in trainer] == ["mingpt/trainer.py"], proc.stdout
+        changed = [t.split("\n")[0] for t in proc.stdout.split("+++ b/")[1:]]
+        assert changed == ["mingpt/trainer.py", "mingpt/unused.py"], proc.stdout  # all named
         assert "+DEVICE = 'xla'\n" in proc.stdout
-    alone = run_cli("migrate", "--diff", "mingpt", cwd=tmp_path)  # no script: a library's
+    alone = run_cli("migrate", "--diff", "--no-follow-imports", "projects/chargpt/chargpt.py",
+                    cwd=tmp_path)  # the script alone, as ruff would
     assert "+++" not in alone.stdout
+
+
+def test_imports_only_type_checkers_read_are_not_followed(tmp_path):
+    # diffusers lists its whole tree under `if TYPE_CHECKING or DIFFUSERS_SLOW_IMPORT:` and
+    # imports lazily otherwise: naming a script that imports one model followed 1,085 modules
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "from typing import TYPE_CHECKING\nimport typing\n"
+        "if TYPE_CHECKING or SLOW:\n    from .heavy import Big\nelse:\n    from .lazy import Lazy\n"
+        "if typing.TYPE_CHECKING:\n    from .typed import T\n")
+    for name in ("heavy", "lazy", "typed"):
+        (package / f"{name}.py").write_text("x = 1\n")
+    (tmp_path / "train.py").write_text("import pkg\n")
+    found = [p.relative_to(tmp_path).as_posix() for p in local_modules(tmp_path / "train.py")]
+    assert found == ["pkg/__init__.py", "pkg/lazy.py"]

@@ -81,6 +81,15 @@ def migrate(
     strict: bool = typer.Option(
         False, "--strict",
         help="Also report `# tpukit: ignore` comments that silence nothing (TPU009)."),
+    library: Optional[List[Path]] = typer.Option(
+        None, "--library",
+        help="A folder of someone else's code (vendored, third-party): never rewritten. "
+             "Repeatable; adds to [tool.tpukit] library."),
+    library_mode: bool = typer.Option(
+        False, "--library-mode",
+        help="Port the named code as a library: its package modules keep every CUDA path "
+             "(tests of the host's CUDA, seeds, launcher variables) and still import without "
+             "torch_xla."),
 ) -> None:
     """Rewrite CUDA code for TPU in place (or --diff, --check, -o DIR)."""
     from tpukit.errors import UsageError
@@ -111,7 +120,7 @@ def migrate(
         paths=list(paths), config=config, mode=mode, out_dir=out, fmt=fmt, jobs=jobs,
         quiet=quiet, exit_zero=exit_zero, show_fixes=show_fixes,
         select=_codes(select), ignore=_codes(ignore), follow_imports=follow_imports,
-        strict=strict,
+        strict=strict, library=list(library or []), library_mode=library_mode,
     )
     try:
         code = run_migrate(request)

@@ -1,4 +1,5 @@
-"""`[tool.tpukit]` in the nearest pyproject.toml: select, ignore, exclude, target, eager-mode."""
+"""`[tool.tpukit]` in the nearest pyproject.toml: select, ignore, exclude, target, eager-mode,
+library (folders that are someone else's code), library-mode."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 
 from tpukit.rules import TARGETS
 
-KEYS = {"select", "ignore", "exclude", "target", "unsafe-fixes", "eager-mode"}
+KEYS = {"select", "ignore", "exclude", "target", "unsafe-fixes", "eager-mode", "library",
+        "library-mode"}
 # TorchTPU's eager modes, by the name `--eager-mode` takes: the `torch.tpu.EagerMode` member.
 EAGER_MODES = {
     "debug": "DEFER_NEVER_AND_LAUNCH_BLOCKING",
@@ -33,6 +35,9 @@ class Config:
     eager_mode: str | None = None  # torchtpu only; None: the default, fused
     path: Path | None = None  # the pyproject.toml it came from
     root: Path = field(default_factory=Path.cwd)  # exclude patterns are relative to this
+    # Folders of someone else's code (ownership.py), relative to `root`: never rewritten.
+    library: list[str] = field(default_factory=list)
+    library_mode: bool = False  # port the named code as a library (ownership.py)
 
 
 def real_path(path: Path) -> Path:
@@ -64,7 +69,7 @@ def load_config(start: Path) -> Config:
     unknown = set(section) - KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown [tool.tpukit] keys: {', '.join(sorted(unknown))}")
-    for key in ("select", "ignore", "exclude"):
+    for key in ("select", "ignore", "exclude", "library"):
         value = section.get(key, [])
         if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise ConfigError(f"{path}: [tool.tpukit] {key} must be a list of strings")
@@ -82,6 +87,8 @@ def load_config(start: Path) -> Config:
         target=target,
         unsafe_fixes=bool(section.get("unsafe-fixes", False)),
         eager_mode=eager_mode,
+        library=section.get("library", []),
+        library_mode=bool(section.get("library-mode", False)),
         path=path,
         root=path.parent,
     )

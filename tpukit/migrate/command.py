@@ -23,6 +23,7 @@ from tpukit.migrate.files import (
     run_jobs,
 )
 from tpukit.migrate.local_imports import local_modules
+from tpukit.migrate.ownership import Owner, Ownership
 from tpukit.render import Format, Report, render
 from tpukit.rules import select_rules
 
@@ -48,6 +49,11 @@ class MigrateRequest:
     follow_imports: bool = True
     strict: bool = False  # also report suppression comments that silence nothing (TPU009)
     followed: list[Path] = field(default_factory=list)  # filled by build_jobs
+    # Folders of someone else's code (--library), on top of the config's `library`.
+    library: list[Path] = field(default_factory=list)
+    library_mode: bool = False  # --library-mode (or the config's `library-mode`)
+    # Files found but not migrated, someone else's code (ownership.py): (path, why).
+    foreign: list[tuple[Path, str]] = field(default_factory=list)  # filled by build_jobs
     framework: list[Path] = field(default_factory=list)  # PyTorch's own packages, left out
 
 
@@ -68,9 +74,17 @@ def _selection(request: MigrateRequest) -> tuple[list[str], list[str]]:
     return request.config.select, request.ignore or request.config.ignore
 
 
+def ownership_of(request: MigrateRequest) -> Ownership:
+    """What the user said about whose code is what: the command line's and the config's."""
+    cfg = request.config
+    folders = [cfg.root / f for f in cfg.library] + list(request.library)
+    return Ownership(library_folders=tuple(real_path(f) for f in folders),
+                     library_mode=request.library_mode or cfg.library_mode)
+
+
 def _imported(request: MigrateRequest, exclude: list[str]) -> list[Path]:
     """The local modules the named scripts import, beside them or inside a folder named with
-    them: the user's program, ported in full (not as library code)."""
+    them: the user's program, ported with it."""
     folders = [p for p in request.paths if p.is_dir()]
     found: dict[Path, Path] = {}
     for path in request.paths:
@@ -108,10 +122,14 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
     rules = select_rules(*_selection(request))
     codes = tuple(r.code for r in rules)
     base = _base_of(request.paths)
-    # the user's program: the files named, and the local modules named scripts import
-    # (followed, or found in a folder named with them)
-    program = {real_path(p) for p in request.paths if not p.is_dir()}
-    program.update(real_path(p) for p in imported)
+    ownership = ownership_of(request)
+    owners = {}
+    for f in files:
+        owner, why = ownership.of(f)
+        if owner is Owner.FOREIGN:
+            request.foreign.append((f, why))
+        else:
+            owners[f] = owner
     return [
         Job(
             path=f,
@@ -122,10 +140,10 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
             eager_mode=cfg.eager_mode if cfg.target == "torchtpu" else None,
             unsafe_fixes=cfg.unsafe_fixes,
             strict=request.strict,
-            program=real_path(f) in program,
+            owner=owner,
             out_path=_mirror(f, base, request.out_dir) if request.out_dir else None,
         )
-        for f in files
+        for f, owner in owners.items()
     ]
 
 
@@ -164,8 +182,11 @@ def summarize(request: MigrateRequest, results: list[FileResult],
         summary["suppressed"] = suppressed
     if request.framework:
         summary["framework_packages_skipped"] = [display_path(p) for p in request.framework]
+    if request.foreign:
+        summary["library_files_left"] = [
+            {"path": display_path(p), "why": why} for p, why in request.foreign]
     if not results:
-        return summary, "No Python files found." + _framework_note(request)
+        return summary, "No Python files found." + _foreign_note(request) + _framework_note(request)
     verb = {
         Mode.WRITE: "Changed",
         Mode.OUT: "Migrated copies written;",
@@ -188,7 +209,17 @@ def summarize(request: MigrateRequest, results: list[FileResult],
         line += (f" With the local module{'s' if len(names) != 1 else ''} the named "
                  f"script{'s import' if len(request.paths) != 1 else ' imports'}: {', '.join(names)} "
                  "(--no-follow-imports: only the files named).")
-    return summary, line + _framework_note(request)
+    return summary, line + _foreign_note(request) + _framework_note(request)
+
+
+def _foreign_note(request: MigrateRequest) -> str:
+    if not request.foreign:
+        return ""
+    count = len(request.foreign)
+    first, why = request.foreign[0]
+    return (f" Left {count} file{'s' if count != 1 else ''} of someone else's code as "
+            f"{'they are' if count != 1 else 'it is'} ({display_path(first)}: {why}"
+            f"{', ...' if count > 1 else ''}); --library-mode ports a library's own code.")
 
 
 def _framework_note(request: MigrateRequest) -> str:

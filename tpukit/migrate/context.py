@@ -13,6 +13,7 @@ import libcst as cst
 
 from tpukit.migrate.device_facts import DeviceFacts
 from tpukit.migrate.names import Names
+from tpukit.migrate.ownership import Owner
 from tpukit.migrate.nodes import (  # noqa: F401 - the helpers rule code imports from here
     _ShiftContinuations,
     dotted,
@@ -38,7 +39,7 @@ LAUNCH_CALL = re.compile(r"\b(?:mp|multiprocessing|torch_xla)\.(?:spawn|launch)\
 class MigrationContext:
     def __init__(
         self, module: cst.Module, target: str, unsafe_fixes: bool, source: str = "",
-        path: str = "", program: bool = False,
+        path: str = "", owner: Owner = Owner.PROGRAM,
     ) -> None:
         self.module = module
         self.source = source  # the file's text, for cheap whole-file lookups (regex prepasses)
@@ -72,9 +73,10 @@ class MigrationContext:
         self.device_type, self.device_module = devices.device_type, devices.device_module
         self.device_object_in_code = devices.device_object_in_code
         self.package_module = devices.package_module
-        # Library code: a package's module that no one named (MigrateOptions.program). Its
-        # own choices stay as written; a package's module runs at import either way.
-        self.library_code = self.package_module and not program
+        # Library code: a package's module ported in library mode (ownership.py). Its own
+        # choices stay as written; a package's module runs at import either way.
+        self.owner = owner
+        self.library_code = self.package_module and owner is Owner.LIBRARY
         self.at_import_time, self.used_as_string = devices.at_import_time, devices.used_as_string
         self.import_time_reason = devices.import_time_reason
         self.bind_device, self.device_in_scope = devices.bind, devices.in_scope

@@ -32,6 +32,7 @@ from tpukit.migrate.guards import (
     restore_unported,
 )
 from tpukit.migrate.nodes import walk
+from tpukit.migrate.ownership import Owner
 from tpukit.migrate.prune import Layout
 from tpukit.migrate.suppressing import SuppressedHooks
 from tpukit.migrate.transforms import load_transforms
@@ -70,10 +71,9 @@ class MigrateOptions:
     # Rule code -> why its rewrites are held (reported, not applied): a rule it `needs` is
     # turned off here by a suppression comment (set by migrate_source itself, see _held).
     held: dict[str, str] = field(default_factory=dict)
-    # The user's program: a file named on the command line, or a local module a named script
-    # imports. False: found in a folder walk, where a package's module is library code (its
-    # CUDA tests, seeds, barriers and launcher variables are the library's own).
-    program: bool = False
+    # Whose code the file is (ownership.py): the user's program, ported whole, or a library
+    # ported in library mode (a package module keeps its CUDA paths: policy.py).
+    owner: Owner = Owner.PROGRAM
 
 
 @dataclass
@@ -100,7 +100,7 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
         return _silenced(Migration(source, source), [], suppressions, path, options)
     module = cst.parse_module(source)
     ctx = MigrationContext(module, options.target, options.unsafe_fixes, source, path,
-                           program=options.program)
+                           owner=options.owner)
     ctx.sink.held = options.held
     transforms = []
     triggers: set[str] = set()

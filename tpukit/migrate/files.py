@@ -24,6 +24,7 @@ from tpukit.atomic import atomic_write
 from tpukit.config import real_path
 from tpukit.findings import FileError, Finding
 from tpukit.migrate.engine import MigrateOptions, MigrationBug, compiles, migrate_source
+from tpukit.migrate.ownership import Owner
 from tpukit.rules import load_rules
 
 SKIP_DIRS = {".venv", "venv", "__pycache__", "node_modules", "site-packages", ".tox", ".git"}
@@ -58,7 +59,7 @@ class Job:
     out_path: Path | None = None
     eager_mode: str | None = None
     strict: bool = False  # also report suppression comments that silence nothing
-    program: bool = False  # named on the command line, or a local module a named script imports
+    owner: Owner = Owner.PROGRAM  # whose code the file is (ownership.py)
 
 
 @dataclass
@@ -203,7 +204,7 @@ def process(job: Job) -> FileResult:
         eager_mode=job.eager_mode,
         render_source=job.mode is not Mode.CHECK,
         strict=job.strict,
-        program=job.program,
+        owner=job.owner,
     )
     try:
         migration = migrate_source(source, job.display, options)

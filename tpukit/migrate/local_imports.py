@@ -18,6 +18,7 @@ named folder count.
 from __future__ import annotations
 
 import ast
+from collections import deque
 from pathlib import Path
 
 from tpukit.config import real_path
@@ -45,10 +46,37 @@ def _module_file(root: Path, dotted: str) -> list[Path]:
     return files
 
 
+def _type_checking(test: ast.expr) -> bool:
+    """`TYPE_CHECKING` (`typing.TYPE_CHECKING`), alone or or-ed with a flag: the branch type
+    checkers read, False when the program runs (unless a flag such as diffusers'
+    `DIFFUSERS_SLOW_IMPORT` asks for every import at once)."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        return any(_type_checking(value) for value in test.values)
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+        and isinstance(test.value, ast.Name) and test.value.id in ("typing", "typing_extensions"))
+
+
+def _run_imports(tree: ast.Module):
+    """The import statements that run, in source order: those under `if TYPE_CHECKING:` do
+    not (a lazily importing package such as diffusers lists its whole tree there, and
+    `tpukit migrate script.py` followed all 1,085 of its modules)."""
+    queue: deque[ast.AST] = deque([tree])
+    while queue:
+        node = queue.popleft()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+            continue
+        if isinstance(node, ast.If) and _type_checking(node.test):
+            queue.extend(node.orelse)
+            continue
+        queue.extend(ast.iter_child_nodes(node))
+
+
 def _imported(path: Path, tree: ast.Module, roots: list[Path]) -> list[Path]:
     """The files `path` imports, each absolute import looked up under every root."""
     found: list[Path] = []
-    for node in ast.walk(tree):
+    for node in _run_imports(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 for root in roots:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from tpukit.findings import Finding
+from tpukit.migrate.ownership import Owner
 
 
 def cuda_idioms(script: Path) -> list[Finding]:
@@ -20,7 +21,7 @@ def cuda_idioms(script: Path) -> list[Finding]:
     try:
         source = script.read_text(encoding="utf-8")
         migration = migrate_source(source, str(script), MigrateOptions(
-            select_rules(None, None), render_source=False, program=True))
+            select_rules(None, None), render_source=False, owner=Owner.PROGRAM))
     except Exception:  # not parseable: python will say so when it runs it
         return []
     return [f for f in migration.findings
