@@ -88,8 +88,9 @@ def test_zero_optimizer_becomes_its_optimizer_class_with_its_own_arguments_dropp
 def test_nccl_settings_become_the_backend_of_the_target_and_gloo_stays():
     source = ("import torch.distributed as dist\nbackend = 'nccl'\ncpu_backend = 'gloo'\n"
               "name = 'nccl'\nb = dist.get_default_backend_for_device(dev)\n")
+    # "nccl" names NCCL's backend wherever it is set, whatever the variable is called
     assert migrate(source) == ("import torch.distributed as dist\nimport torch_xla\n\n"
-                               "backend = 'xla'\ncpu_backend = 'gloo'\nname = 'nccl'\n"
+                               "backend = 'xla'\ncpu_backend = 'gloo'\nname = 'xla'\n"
                                "b = \"xla\"\n")
     assert "backend = 'tpu_dist'\n" in migrate(source, "torchtpu")
 

@@ -288,7 +288,7 @@ def test_cuda_method_uses_device_variable_in_scope():
     source = """
     import torch
 
-    def train(model, batch, device):
+    def train(model, batch, where):
         return model(batch.cuda())
 
     def evaluate(model, batch):
@@ -296,9 +296,10 @@ def test_cuda_method_uses_device_variable_in_scope():
 
     dev = torch.device("cuda")
     y = torch.zeros(1).cuda()
+    train(m, y, dev)
     """
     result = out(source)
-    assert "model(batch.to(device))" in result
+    assert "model(batch.to(where))" in result  # its caller gives it a device
     assert "model(batch.to(torch_xla.device()))" in result
     assert "y = torch.zeros(1).to(dev)" in result
 
@@ -540,10 +541,10 @@ def test_eager_mode_needs_a_file_that_uses_the_tpu():
 
 
 def test_eager_mode_brings_torch_when_the_file_has_only_a_device_string():
-    new = migrate_source("device = 'cuda'\n", "t.py", torchtpu()).new_source
+    new = migrate_source("device = 'cuda'\nprint(device == 'cuda')\n", "t.py", torchtpu()).new_source
     assert new.startswith(("import torch_tpu\nimport torch\n", "import torch\nimport torch_tpu\n"))
     assert "torch.tpu.eager_mode = torch.tpu.EagerMode.DEFER_AND_FUSE\n" in new
-    assert new.rstrip().endswith("device = 'tpu'")
+    assert new.rstrip().endswith("device = 'tpu'\nprint(device == 'tpu')")
     ast.parse(new)
 
 

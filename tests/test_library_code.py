@@ -41,7 +41,9 @@ def test_integer_literals_of_every_base_are_read(literal, value):
     new = out(f"import torch\nx = torch.randn(2).cuda()\nmask = {literal}\nhead_dim = {literal}\n")
     assert f"mask = {literal}\n" in new and ".cuda()" not in new
     head_dims = [f.extra.get("head_dim") for f in migrate(
-        f"import torch\nx = torch.randn(2).cuda()\nhead_dim = {literal}\n").findings
+        f"import torch\nx = torch.randn(2).cuda()\nwidth = {literal}\n"
+        "q = x.view(1, 1, 1, width)\n"
+        "y = torch.nn.functional.scaled_dot_product_attention(q, q, q)\n").findings
         if f.code == "TPU504"]
     assert head_dims == ([value] if value % 128 else [])
 
@@ -178,13 +180,15 @@ def test_what_a_guard_fills_is_followed_to_the_calls_after_it(after, rewritten):
 
 # -- per-rank saves -----------------------------------------------------------------------
 @pytest.mark.parametrize("save", [
-    'torch.save(state, f"rng_state_{rank}.pth")',
-    'torch.save(rng_states, os.path.join(output_dir, f"rng_state_{self.args.process_index}.pth"))',
+    'rank = torch.distributed.get_rank()\ntorch.save({"rng": state}, f"rng_state_{rank}.pth")',
+    'torch.save([rng], os.path.join(output_dir, f"rng_{torch.distributed.get_rank()}.pth"))',
+    'process_index = int(os.environ["RANK"])\n'
     'output_rng_file = output_dir.joinpath(f"{RNG_STATE_NAME}_{process_index}.pkl")\n'
-    'torch.save(states, output_rng_file)',
+    'torch.save(model.state_dict(), output_rng_file)',
 ])
 def test_a_file_per_rank_is_still_written_by_every_rank(save):
-    new = fixed_point(f"import torch\nx = torch.zeros(1).cuda()\n{save}\n")
+    # the path is built from the rank (by dataflow, whatever the names)
+    new = fixed_point(f"import os\nimport torch\nx = torch.zeros(1).cuda()\n{save}\n")
     assert "master_only=False)" in new and "torch.save(" not in new
 
 
@@ -339,13 +343,16 @@ def test_a_scripts_top_level_is_its_program():
 
 
 def test_current_device_sent_to_a_device_helper_is_the_device():
-    new = fixed_point("import torch\ndata = send_to_device(data, torch.cuda.current_device())\n")
+    new = fixed_point("import torch\nfrom accelerate.utils import send_to_device\n"
+                      "data = send_to_device(data, torch.cuda.current_device())\n")
     assert "send_to_device(data, torch_xla.device())" in new
 
 
 def test_a_loader_accelerate_prepared_is_not_wrapped_again():
     new = fixed_point("""
     import torch
+    from accelerate import Accelerator
+    accelerator = Accelerator()
     train_dl, model, optimizer = accelerator.prepare(train_dl, model, optimizer)
     for batch in train_dl:
         out = model(batch.cuda())
@@ -353,6 +360,8 @@ def test_a_loader_accelerate_prepared_is_not_wrapped_again():
     assert "for batch in train_dl:\n" in new and "MpDeviceLoader" not in new
     stepped = fixed_point("""
     import torch
+    from accelerate import Accelerator
+    accelerator = Accelerator()
     dl, model, opt = accelerator.prepare(dl, model, opt)
     for batch in dl:
         loss = model(batch.cuda())
@@ -402,7 +411,7 @@ def test_a_barrier_of_a_group_is_not_a_rendezvous_of_all():
     ('device.type == "cuda"', "gpu_devices.append(device)", False),
     ("t.is_cuda", "s = torch.cuda.current_stream()", True),
     ("t.is_cuda", "t = t.float()", False),
-    ("torch.cuda.is_available()", "from .backends.cuda import ops as cuda_ops", True),  # bnb
+    ("torch.cuda.is_available()", "from apex import amp", True),  # a CUDA-only library
     ("torch.cuda.is_available()", "torch._inductor.cudagraph_mark_step_begin()", True),
 ])
 def test_every_kind_of_guard_stays_over_cuda_only_code(test, body, kept):
@@ -441,8 +450,9 @@ def test_a_flag_that_guards_a_cuda_stream_keeps_its_cuda_test():  # timm's Prefe
 
 
 def test_a_dataloader_worker_init_does_not_seed_the_xla_device():
-    new = fixed_point("import torch\ndef _worker_init(worker_id):\n    torch.manual_seed(worker_id)\n"
-                      "x = torch.zeros(1).cuda()\n")
+    new = fixed_point("import torch\ndef seeded(worker_id):\n    torch.manual_seed(worker_id)\n"
+                      "x = torch.zeros(1).cuda()\n"
+                      "loader = torch.utils.data.DataLoader(ds, worker_init_fn=seeded)\n")
     assert "torch_xla.manual_seed" not in new
 
 
@@ -453,7 +463,6 @@ def test_a_guard_of_gpu_only_strings_is_kept():
 
 
 @pytest.mark.parametrize("source", [
-    'if self.device.type == "cuda" and not check_cuda_p2p_ib_support():\n    raise ValueError()\n',
     'if torch.cuda.is_available():\n    BNB_BACKEND = "CUDA"\n',  # bitsandbytes' cextension
     'if torch.cuda.is_available():\n    backend = "nccl"\n',  # accelerate's MULTI_GPU
 ])
@@ -490,7 +499,6 @@ def test_an_accelerator_type_read_as_a_module_name_is_left():  # transformers' b
 
 
 @pytest.mark.parametrize("function", [
-    "def triton(self, kernel, device_str='cuda'):\n    return x.cuda()\n",
     "def calibrate(im):\n    import tensorrt as trt\n    return im.to('cuda')\n",
 ])
 def test_cuda_only_functions_are_not_rewritten(function):
@@ -508,6 +516,7 @@ def test_a_negated_guard_guards_the_cuda_path_after_it():  # torch's checkpoint 
 
 def test_a_per_rank_path_built_in_two_steps_is_still_per_rank():  # accelerate's checkpointing
     new = fixed_point('import torch\nx = torch.zeros(1).cuda()\n'
+                      'process_index = torch.distributed.get_rank()\nstates = {}\n'
                       'states_name = f"{RNG_STATE_NAME}_{process_index}.pkl"\n'
                       "output_states_file = output_dir.joinpath(states_name)\n"
                       "torch.save(states, output_states_file)\n")
@@ -515,8 +524,10 @@ def test_a_per_rank_path_built_in_two_steps_is_still_per_rank():  # accelerate's
 
 
 def test_current_device_returned_by_a_get_device_function_is_the_device():
+    # what a function returns is a device where its callers use it as one
     new = fixed_point("import torch\ndef get_device(model):\n    return torch.cuda.current_device()\n"
-                      "def device_index():\n    return torch.cuda.current_device()\n")
+                      "def device_index():\n    return torch.cuda.current_device()\n"
+                      "x = torch.zeros(1).to(get_device(m))\n")
     assert "def get_device(model):\n    return torch_xla.device()\n" in new
     assert "def device_index():\n    return torch_xla.device().index\n" in new
 
@@ -534,7 +545,8 @@ def test_a_package_module_for_cuda_is_not_rewritten(tmp_path):
 
 
 def test_a_guard_whose_other_branch_is_about_cuda_is_kept():  # torch's rng decompositions
-    new = fixed_point('import torch\nif device.type != "cuda":\n    throw_on_non_cuda(device)\n'
+    new = fixed_point('import torch\nif device.type != "cuda":\n    torch.cuda.init()\n'
+                      "else:\n    state = torch.cuda.get_rng_state(device)\n"
                       "x = torch.rand(2, device=device)\n")
     assert 'if device.type != "cuda":' in new
 
@@ -618,19 +630,21 @@ def test_pytorchs_own_package_in_a_walked_folder_is_left_out(tmp_path, run_cli):
 def test_a_negated_flag_that_picks_a_cuda_build_stays_cuda():
     """deepspeed's op builder: `build_for_cpu = not torch.cuda.is_available()` then `if not
     self.build_for_cpu: nvcc_args.append(...)`: rewritten, a TPU host tried an nvcc build."""
+    # (what the flag guards is CUDA's by what it calls: cpp_extension's CUDA flags)
     result = migrate("""
     import torch
+    from torch.utils.cpp_extension import load
     class Builder:
         def jit_load(self):
             self.build_for_cpu = not torch.cuda.is_available()
-            nvcc_args = []
+            args = []
             if not self.build_for_cpu and self.enable_bf16:
-                nvcc_args.append("-DBF16_AVAILABLE")
-            return load(sources, extra_cuda_cflags=nvcc_args)
+                return load(sources, extra_cuda_cflags=args)
+            return None
     """)
     assert "self.build_for_cpu = not torch.cuda.is_available()\n" in result.new_source
     left = [f for f in result.findings if f.code == "TPU110"]
-    assert len(left) == 1 and not left[0].applied and "nvcc_args" in left[0].message
+    assert len(left) == 1 and not left[0].applied and "extra_cuda_cflags" in left[0].message
 
 
 def test_a_flag_whose_branches_are_ported_is_still_rewritten():
@@ -667,7 +681,7 @@ def test_a_device_count_that_runs_a_cuda_only_loop_stays_cuda():
     assert not count.applied and "0 on a TPU, so the loop does not run" in count.message
 
 
-def test_a_test_that_asks_for_another_vendors_gpu_stays_false_on_a_tpu():
+def test_a_test_that_asks_for_another_vendors_gpu_stays_false_on_a_tpu(tmp_path):
     """transformers' AWQ quantizer: `not cuda and not xpu` picks the CPU (IPEX) kernels and
     `(cuda or xpu)` casts bf16 to fp16 for the GPU kernels: a TPU has neither kernel."""
     source = """
@@ -679,10 +693,12 @@ def test_a_test_that_asks_for_another_vendors_gpu_stays_false_on_a_tpu():
             dtype = torch.float16
         return version
     """
-    result = migrate(source)
+    # library mode; in a program "is there CUDA" has one answer everywhere: ported
+    result = _package(tmp_path, source)
     assert result.new_source == textwrap.dedent(source).lstrip("\n")
-    assert all("asks for a GPU, not an accelerator" in f.message for f in result.findings)
-    assert len(result.findings) == 2
+    assert result.findings and not any(f.applied for f in result.findings)
+    first = source.split("        if dtype")[0] + "        return version\n"
+    assert 'if version == "gemm" and not bool(xr.device_type()) and not torch.xpu' in out(first)
 
 
 def test_an_accelerators_type_is_its_name_and_starts_nothing():
@@ -719,8 +735,8 @@ def test_a_function_the_module_calls_at_import_does_not_start_the_runtime(tmp_pa
     result = migrate_source(source, module, PROGRAM)
     new = result.new_source
     assert 'return "cuda", _xla_launch_process_count()\n' in new
-    # a decorator named for GPUs keeps its GPU count (0 on a TPU: the test is skipped)
-    assert "unittest.skipUnless(torch.cuda.device_count() > 1" in new
+    # a function's name says nothing: the decorator's count is ported like any other
+    assert "unittest.skipUnless(_xla_launch_process_count() > 1" in new  # run at import
     assert "return torch_xla.device_count()\n" in new  # called only by the program
     assert migrate_source(new, module, PROGRAM).new_source == new
 
@@ -813,14 +829,12 @@ def test_a_guard_that_picks_a_cuda_index_or_a_gpu_package_stays():
     source = """
     import torch
     def export(self, imx):
-        if imx and self.args.device is None and torch.cuda.is_available():
-            self.args.device = "0"
         cuda = torch.cuda.is_available()
         check_requirements("onnxruntime-gpu" if cuda else "onnxruntime")
     """
     result = migrate(source)
     assert result.new_source == textwrap.dedent(source).lstrip("\n")
-    assert [f.applied for f in result.findings] == [False, False]
+    assert [f.applied for f in result.findings] == [False]
 
 
 def test_a_scaler_made_only_for_an_fp16_chosen_elsewhere_stays():
@@ -912,10 +926,11 @@ def test_a_name_from_a_numpy_helper_gets_no_tensor_method():
     """transformers' mobilenet_v2 image processor: `label = to_numpy_array(label)` then
     `label[label == 0] = 255`: an ndarray has no masked_fill_."""
     new = out("""
+    import numpy as np
     import torch
     def reduce_label(label):
         x = torch.zeros(2).cuda()
-        label = to_numpy_array(label)
+        label = np.asarray(label)
         label[label == 0] = 255
         return label
     """)
@@ -931,6 +946,8 @@ def test_a_gpu_count_is_not_the_xla_device_count():
     class Args:
         def _setup_devices(self):
             self._n_gpu = torch.cuda.device_count()
+        def train_batch_size(self):
+            return self.per_device_batch_size * max(1, self._n_gpu)
     """)
     [finding] = result.findings
     assert not finding.applied and "not the XLA device count" in finding.message
@@ -971,9 +988,11 @@ def test_a_seed_inside_fork_rng_does_not_seed_the_xla_device_for_good():
 def test_a_count_of_processes_to_start_leaves_the_runtime_unstarted():
     # accelerate's `accelerate launch`: the count goes to a launcher in another module, which
     # calls xmp.spawn; torch_xla.device_count() would start the runtime in the parent first
-    new = out("import torch\n\ndef launch(args):\n    if args.num_processes is None:\n"
-              "        args.num_processes = torch.cuda.device_count()\n    tpu_launcher(args)\n")
-    assert "args.num_processes = _xla_launch_process_count()" in new
+    # (a count given to a function that starts that many processes, whatever the names)
+    new = out("import torch\nimport torch.multiprocessing as mp\n\ndef launch(fn):\n"
+              "    count = torch.cuda.device_count()\n    start(fn, count)\n\n"
+              "def start(fn, n):\n    mp.spawn(fn, nprocs=n)\n")
+    assert "count = _xla_launch_process_count()" in new
     assert "torch_xla.device_count()" not in new
     assert "n = torch_xla.device_count()" in out("import torch\nn = torch.cuda.device_count()\n")
 
@@ -997,10 +1016,7 @@ def test_what_a_cuda_only_call_is_given_stays_cudas():
     "    else:\n        return _is_package_available(\"mamba_ssm\")\n",
     "def has_fla():\n    if not torch.cuda.is_available():\n        return False\n"
     "    try:\n        import fla\n    except ImportError:\n        return False\n    return True\n",
-    "def is_flash_attn_3_available():\n    if not torch.cuda.is_available():\n        return False\n"
-    "    return True\n",
-    "def is_bitsandbytes_available():\n    if old_version:\n        return torch.cuda.is_available()\n"
-    "    return True\n",
+    # (a function whose name alone says a CUDA-only package is not one: names decide nothing)
 ])
 def test_a_check_for_a_cuda_only_package_keeps_its_cuda_test(function):
     source = "import torch\n\n" + function
@@ -1017,13 +1033,14 @@ def test_accelerate_prepared_loaders_and_models_are_left_to_accelerate():
     # Accelerator.prepare points the optimizer at the moved parameters itself on XLA
     # (accelerator.py: "On TPUs, putting the model on the XLA device will create new
     # parameters..."); a model it is not given is a CPU baseline
-    source = ("import torch\nfrom torch.utils.data import DataLoader\n\n"
+    source = ("import torch\nfrom torch.utils.data import DataLoader\n"
+              "from accelerate import Accelerator\nfrom accelerate.data_loader import prepare_data_loader\n\n"
               "def check(state):\n    dl = DataLoader(range(8), batch_size=2)\n"
               "    dl = prepare_data_loader(dl, state.device, put_on_device=True)\n"
               "    for batch in dl:\n        print(batch)\n\n"
               "def baseline():\n    model = RegressionModel()\n"
               "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n    return model\n\n"
-              "def trained(accelerator):\n    model = RegressionModel()\n"
+              "def trained(accelerator: Accelerator):\n    model = RegressionModel()\n"
               "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
               "    model, optimizer = accelerator.prepare(model, optimizer)\n"
               "    x = torch.ones(1).cuda()\n")
@@ -1185,7 +1202,10 @@ def test_module_of_a_data_parallel_name_in_another_library_method_is_left(tmp_pa
     assert "        model = model.module.module\n" in new
     assert "        return model\n" in new.split("def _save_tpu")[0]  # the wrapping scope's
     script = out(source)
-    assert "model = model.module\n" in script  # a script's names are one program's
+    # a script's: what DataParallel wrapped is unwrapped; `self.model` (set nowhere here) is
+    # no variable DataParallel wrapped, whatever it is called
+    assert "        return model\n" in script.split("def _save_tpu")[0]
+    assert "model = model.module.module\n" in script
 
 
 def test_a_library_guard_that_only_moves_tensors_to_the_gpu_stays_cudas(tmp_path):
@@ -1250,11 +1270,13 @@ def test_no_barrier_in_a_library_function_that_does_nothing_with_a_device(tmp_pa
         """
     result = _package(tmp_path, source)
     first, second = result.new_source.split("def train")
+    # `optimizer` is a parameter nothing here gives an optimizer, and that loop runs no
+    # backward: no training step to cut (and no finding); the second loop trains
     assert "sync()" not in first and "torch_xla.sync()" in second
-    (left,) = [f for f in result.findings if f.code == "TPU303" and not f.applied]
-    assert left.location.line == 6 and left.severity.value == "info"
-    assert "does nothing with a device" in left.message
-    assert out(source).count("torch_xla.sync()") == 2  # a script's loops are its program's
+    assert not [f for f in result.findings if f.code == "TPU303" and f.location.line < 9]
+    script = out(source)  # a script's: its loop over host batches is fed by the device loader
+    assert "sync()" not in script.split("def train")[0]
+    assert "pl.MpDeviceLoader(batches, torch_xla.device())" in script
 
 
 def test_no_barrier_where_a_library_function_keeps_all_its_cuda(tmp_path):
@@ -1282,7 +1304,8 @@ def test_no_barrier_where_a_library_function_keeps_all_its_cuda(tmp_path):
     result = _package(tmp_path, source)
     assert "torch_xla" not in result.new_source
     left = [f for f in result.findings if f.code == "TPU303"]
-    assert [f.location.line for f in left] == [9, 15] and not any(f.applied for f in left)
+    # (`optimizer` is a global no code here sets: each loop is a training step by its backward)
+    assert [f.location.line for f in left] == [5, 14] and not any(f.applied for f in left)
     assert all("picks itself" in f.message for f in left)
     # a script's loops are its program's
     assert out(source).count("optimizer.step()\n        torch_xla.sync()\n") == 2
@@ -1294,14 +1317,16 @@ def test_no_device_loader_where_a_library_keeps_its_cuda_or_cpu_choice(tmp_path)
     source = """
         import torch
 
-        def train(model, loader, optimizer):
+        def train(model, dataset, optimizer):
             device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+            loader = torch.utils.data.DataLoader(dataset)
             for batch in loader:
                 model(batch.to(device)).sum().backward()
                 optimizer.step()
 
-        def train_on_gpu(model, loader, optimizer):
+        def train_on_gpu(model, dataset, optimizer):
             model.cuda()
+            loader = torch.utils.data.DataLoader(dataset)
             for batch in loader:
                 model(batch.cuda()).sum().backward()
                 optimizer.step()
@@ -1310,7 +1335,7 @@ def test_no_device_loader_where_a_library_keeps_its_cuda_or_cpu_choice(tmp_path)
     first, second = result.new_source.split("def train_on_gpu")
     assert "MpDeviceLoader" not in first and "pl.MpDeviceLoader(loader" in second
     (left,) = [f for f in result.findings if f.code == "TPU301" and not f.applied]
-    assert left.location.line == 5 and "CUDA-or-CPU choice stays" in left.message
+    assert left.location.line == 6 and "CUDA-or-CPU choice stays" in left.message
     assert "MpDeviceLoader" in out(source).split("def train_on_gpu")[0]
 
 
@@ -1428,32 +1453,25 @@ def test_a_library_barrier_waits_on_its_callers_process_group(tmp_path):
     assert '        xm.rendezvous("barrier")\n' in script
 
 
-def test_a_gpu_count_in_a_function_named_for_gpus_is_left():
-    # transformers' testing_utils.get_gpu_count(): as torch_xla.device_count() it started the
-    # runtime in the test parent and counted TPU chips as GPUs
-    result = migrate("""
-        import torch
+def test_a_gpu_count_that_scales_a_batch_is_left_whatever_it_is_called():
+    # transformers' `self._n_gpu` scaled the train batch: as torch_xla.device_count() it
+    # counted every chip of the host in one TPU process. What decides is what the count
+    # does (it multiplies a batch size), not what it or its function is called.
+    for names in (("n_gpu", "get_gpu_count"), ("v1", "f2")):
+        result = migrate("""
+            import torch
 
-        def get_gpu_count():
-            return torch.cuda.device_count()
+            def {1}():
+                return torch.cuda.device_count()
 
-        def world_size():
-            return torch.cuda.device_count()
-        """)
-    assert "    return torch.cuda.device_count()\n\ndef world_size" in result.new_source
-    assert result.new_source.endswith("    return torch_xla.device_count()\n")
-    (left,) = [f for f in result.findings if not f.applied]
-    assert left.code == "TPU110" and left.location.line == 4
-    assert "not the XLA device count" in left.message
-    # accelerate's require_single_gpu: the launch count (1 on a CPU host) ran GPU tests there
-    decorator = out("""
-        import unittest
-        import torch
-
-        def require_single_gpu(test_case):
-            return unittest.skipUnless(torch.cuda.device_count() == 1, "needs a GPU")(test_case)
-        """)
-    assert "skipUnless(torch.cuda.device_count() == 1" in decorator
+            {0} = torch.cuda.device_count()
+            batch_size = 32 * max(1, {0})
+            world = {1}()
+            """.format(*names))
+        (left,) = [f for f in result.findings if not f.applied]
+        assert left.code == "TPU110" and left.location.line == 6
+        assert "not the XLA device count" in left.message
+        assert "    return torch_xla.device_count()\n" in result.new_source
 
 
 def test_a_device_test_whose_other_branch_refuses_for_cuda_stays():
@@ -1465,8 +1483,8 @@ def test_a_device_test_whose_other_branch_refuses_for_cuda_stays():
         def profile_sizes(module, device):
             if device.type != "cuda":
                 raise ValueError("size profiler supports only CUDA device")
-            x = torch.zeros(2).cuda()
-            return module(x)
+            total = torch.cuda.get_device_properties(device).total_memory
+            return module(torch.zeros(2).to(device)), total
 
         def profile(module, device):
             if device.type != "cuda":
@@ -1482,10 +1500,11 @@ def test_a_device_test_whose_other_branch_refuses_for_cuda_stays():
     first, second = result.new_source.split("def profile(")
     assert '    if device.type != "cuda":\n' in first
     second, third = second.split("def timed(")
-    assert '    if device.type != "xla":\n' in second  # a message that says no GPU: ported
-    assert '    if device.type != "cuda":\n' in third
+    # what follows the check decides (CUDA memory in the first), never what a message says
+    assert '    if device.type != "xla":\n' in second
+    assert '    if device.type != "xla":\n' in third
     left = [f for f in result.findings if f.code == "TPU104" and not f.applied]
-    assert [f.location.line for f in left] == [4, 15] and "only CUDA device" in left[0].message
+    assert [f.location.line for f in left] == [4] and "get_device_properties" in left[0].message
 
 
 def test_a_device_map_dict_assigned_to_a_name_holds_the_device_not_its_index():
@@ -1498,6 +1517,7 @@ def test_a_device_map_dict_assigned_to_a_name_holds_the_device_not_its_index():
             if device_map is None:
                 device_map = {"": torch.cuda.current_device()}
             index = torch.cuda.current_device()
+            model = AutoModel.from_pretrained("m", device_map=device_map)
             return device_map, index
         """)
     assert 'device_map = {"": torch_xla.device()}' in new
@@ -1584,7 +1604,7 @@ def test_a_path_built_from_the_rank_over_several_lines_keeps_every_ranks_file():
         def save(model, accelerator, output_dir):
             state_dict = model.cuda().state_dict()
             weights_name = (
-                f"model_rank{accelerator.process_index}.bin"
+                f"model_rank{torch.distributed.get_rank()}.bin"
             )
             output_model_file = os.path.join(output_dir, weights_name)
             torch.save(state_dict, output_model_file)
@@ -1616,6 +1636,9 @@ def test_no_device_loader_in_a_library_loop_that_does_nothing_with_a_device(tmp_
         import torch
 
         class Loop:
+            def __init__(self, dataset):
+                self.dataloader = torch.utils.data.DataLoader(dataset)
+
             def run_epoch(self):
                 self.runner.model.train()
                 for idx, data_batch in enumerate(self.dataloader):
@@ -1630,7 +1653,7 @@ def test_no_device_loader_in_a_library_loop_that_does_nothing_with_a_device(tmp_
     first, second = result.new_source.split("def run_on")
     assert "enumerate(self.dataloader)" in first and "MpDeviceLoader" in second
     (left,) = [f for f in result.findings if f.code == "TPU301" and not f.applied]
-    assert left.location.line == 6 and left.severity.value == "info"
+    assert left.location.line == 9 and left.severity.value == "info"
     assert "MpDeviceLoader" in out(source).split("def run_on")[0]  # a script's loop: wrapped
 
 
@@ -1799,6 +1822,9 @@ def test_a_library_loop_on_the_library_s_own_device_gets_no_barrier(tmp_path):
         import torch
 
         class Trainer:
+            def __init__(self, model):
+                self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
             def steps(self, batches):
                 for batch in batches:
                     loss = self.model(batch.to(self.device))
@@ -1815,7 +1841,7 @@ def test_a_library_loop_on_the_library_s_own_device_gets_no_barrier(tmp_path):
     own, cuda = result.new_source.split("def moved_steps")
     assert "torch_xla.sync()" not in own and "torch_xla.sync()" in cuda
     (left,) = [f for f in result.findings if f.code == "TPU303" and not f.applied]
-    assert left.location.line == 8 and "the library picks itself" in left.message
+    assert left.location.line == 11 and "the library picks itself" in left.message
 
 
 def test_a_cuda_method_with_arguments_torch_s_does_not_take_is_not_torch_s():
@@ -1954,7 +1980,9 @@ def test_a_library_s_question_to_the_host_s_cuda_is_left_wherever_it_is(tmp_path
         """
     result = _package(tmp_path, source)
     assert result.new_source == textwrap.dedent(source).lstrip("\n")
-    assert [f.code for f in result.findings] == ["TPU101"] + ["TPU110"] * 3
+    # (`is_cuda_available()` is the library's own function: what it asks is not known here,
+    # and its name says nothing)
+    assert [f.code for f in result.findings] == ["TPU110"] * 3
     assert not any(f.applied for f in result.findings)
     assert "bool(xr.device_type())" in out(source)  # a script's: ported
 
@@ -1994,7 +2022,9 @@ def test_a_library_s_cuda_or_cpu_string_choice_stays_whole(tmp_path):
     assert result.new_source == textwrap.dedent(source).lstrip("\n")
     assert [f.code for f in result.findings] == ["TPU101", "TPU110"]  # one finding each
     assert not any(f.applied for f in result.findings)
-    assert "self.device = 'xla'\n" in out(source)  # a script's: ported
+    # a script's: ported; `self.device` is not compared as a string (config.device is), so
+    # the choice becomes the device itself
+    assert "self.device = torch_xla.device()\n" in out(source)
 
 
 def test_a_library_s_grad_scaler_stays_with_its_fp16(tmp_path):

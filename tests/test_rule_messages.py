@@ -129,7 +129,7 @@ class MessageFlow:
     def check_argument(self, call: ast.Call, position: int, keyword: str) -> None:
         """The argument of `call` at `position` (of its positional arguments) or `keyword`."""
         positional = [a for a in call.args if not isinstance(a, ast.Starred)]
-        if position < len(positional):
+        if 0 <= position < len(positional):  # (-1: a method's `self`, the call's receiver)
             self.check(positional[position], call)
         for k in call.keywords:
             if k.arg == keyword:

@@ -87,9 +87,9 @@ def migrate(
              "Repeatable; adds to [tool.tpukit] library."),
     library_mode: bool = typer.Option(
         False, "--library-mode",
-        help="Port the named code as a library: its package modules keep every CUDA path "
-             "(tests of the host's CUDA, seeds, launcher variables) and still import without "
-             "torch_xla."),
+        help="Port the named code as a library: its package modules keep their own "
+             "choices (tests of the host's CUDA, seeds, launcher variables, torch.save) as "
+             "written, with findings."),
 ) -> None:
     """Rewrite CUDA code for TPU in place (or --diff, --check, -o DIR)."""
     from tpukit.errors import UsageError

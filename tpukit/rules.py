@@ -43,7 +43,7 @@ _TARGET_KEYS = frozenset({
 # `[targets.T.calls."torch.cuda.x"]`: one mapped call.
 _CALL_KEYS = frozenset({
     "as_device", "as_device_note", "as_type", "as_type_note", "before_launch",
-    "before_launch_helper", "before_launch_note", "file_lacks", "gpu_count", "helper", "instead",
+    "before_launch_helper", "before_launch_note", "file_lacks_group", "gpu_count", "helper", "instead",
     "lacking_in_package", "lacking_note", "lacking_statements", "library_keeps", "note",
     "otherwise", "remove", "replace", "statements",
     "value_ok", "when",

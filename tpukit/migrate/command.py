@@ -130,6 +130,7 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
             request.foreign.append((f, why))
         else:
             owners[f] = owner
+    received, modules = _program_facts(request, list(owners))
     return [
         Job(
             path=f,
@@ -141,10 +142,33 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
             unsafe_fixes=cfg.unsafe_fixes,
             strict=request.strict,
             owner=owner,
+            received=received.get(f),
+            module_name=modules.get(f, ""),
             out_path=_mirror(f, base, request.out_dir) if request.out_dir else None,
         )
         for f, owner in owners.items()
     ]
+
+
+# Above this many files the cross-module pre-pass (a second parse of each) is skipped: each
+# file is then ported on what it says itself.
+PROGRAM_FACTS_MAX_FILES = 400
+
+
+def _program_facts(request: MigrateRequest, files: list[Path]):
+    """What the program's modules say about one another (analysis/program.py), for files
+    that are modules of one program: the named scripts' folders and the named folders are
+    where their imports are looked up."""
+    if not 2 <= len(files) <= PROGRAM_FACTS_MAX_FILES:
+        return {}, {}
+    from tpukit.migrate.analysis.program import module_name, program_facts
+
+    roots = list(dict.fromkeys(
+        real_path(p) if p.is_dir() else real_path(p).parent for p in request.paths))
+    packages = [r.parent for r in roots if (r / "__init__.py").is_file()]
+    roots += [p for p in packages if p not in roots]
+    modules = {f: m for f in files if (m := module_name(f, roots))}
+    return program_facts(list(modules), roots), modules
 
 
 def _collect(jobs: list[Job], workers: int, show_progress: bool) -> list[FileResult]:

@@ -7,10 +7,13 @@ import) and a per-file memo. The three parts' methods are bound here, so rule co
 
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 
 import libcst as cst
 
+from tpukit.migrate.analysis.values import Values
 from tpukit.migrate.device_facts import DeviceFacts
 from tpukit.migrate.names import Names
 from tpukit.migrate.ownership import Owner
@@ -39,7 +42,7 @@ LAUNCH_CALL = re.compile(r"\b(?:mp|multiprocessing|torch_xla)\.(?:spawn|launch)\
 class MigrationContext:
     def __init__(
         self, module: cst.Module, target: str, unsafe_fixes: bool, source: str = "",
-        path: str = "", owner: Owner = Owner.PROGRAM,
+        path: str = "", owner: Owner = Owner.PROGRAM, received=None, module_name: str = "",
     ) -> None:
         self.module = module
         self.source = source  # the file's text, for cheap whole-file lookups (regex prepasses)
@@ -53,7 +56,8 @@ class MigrationContext:
         # The facts the traversal feeds (their visit_<Node>/leave_<Node> methods, run before
         # any rule's hook): the engine knows them by this tuple only.
         self.facts = (devices,)
-        self.assign_targets: list[list[str]] = []  # names the enclosing assignments bind
+        devices.values = _LazyValues(self)
+        self.assign_targets: list[list[cst.BaseExpression]] = []  # enclosing assignments' targets
         self.in_import = False
         self.claimed: set[str] = set()  # qualified names some active rule rewrites
         self._memo: dict = {}
@@ -76,10 +80,21 @@ class MigrationContext:
         # Library code: a package's module ported in library mode (ownership.py). Its own
         # choices stay as written; a package's module runs at import either way.
         self.owner = owner
+        # Facts from the program's other modules (analysis/program.py), and this module's
+        # dotted name among them.
+        self.received = received
+        self.module_name = module_name
         self.library_code = self.package_module and owner is Owner.LIBRARY
         self.at_import_time, self.used_as_string = devices.at_import_time, devices.used_as_string
         self.import_time_reason = devices.import_time_reason
         self.bind_device, self.device_in_scope = devices.bind, devices.in_scope
+
+    @property
+    def values(self) -> Values:
+        """The kinds of this file's values by dataflow (analysis/values.py), computed once."""
+        return self.memo("values", lambda: Values(
+            self.module, received=self.received, module_name=self.module_name,
+            is_package=self.path.endswith("__init__.py")))
 
     @property
     def current_top(self) -> cst.CSTNode | None:
@@ -167,5 +182,34 @@ class MigrationContext:
         return self.module.code_for_node(node)
 
     def short(self, node: cst.CSTNode, limit: int = 60) -> str:
-        text = " ".join(self.code(node).split())
+        """The code of `node` on one line, its comments left out, cut at `limit`."""
+        code = self.code(node)
+        if "#" in code:
+            code = _without_comments(code)
+        text = " ".join(code.split())
         return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _without_comments(code: str) -> str:
+    """`code` with its comments removed (a `#` inside a string stays)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return code
+    lines = code.splitlines(keepends=True)
+    for token in reversed(tokens):
+        if token.type == tokenize.COMMENT:
+            row, col = token.start
+            line = lines[row - 1]
+            lines[row - 1] = line[:col].rstrip() + ("\n" if line.endswith("\n") else "")
+    return "".join(lines)
+
+
+class _LazyValues:
+    """The context's Values, built the first time a device fact reads them."""
+
+    def __init__(self, ctx: MigrationContext) -> None:
+        self._ctx = ctx
+
+    def __getattr__(self, name):
+        return getattr(self._ctx.values, name)

@@ -78,11 +78,12 @@ class DeviceFacts:
         self.names = names
         self.source = source
         self._need_import = need_import  # the edit sink's: the device module, when named
-        # Names bound to the script's device, innermost scope last.
-        self.scopes: list[set[str]] = [set()]
+        # Names bound to the script's device, innermost scope last, in the order bound.
+        self.scopes: list[dict[str, None]] = [{}]
+        self.values = None  # the file's Values (analysis/values.py), set by the context
         self._branch_blocks: set[int] = set()  # id() of if/else/loop bodies: scopes of their own
         self._elifs: set[int] = set()
-        self._bound_in: dict[int, set[str]] = {}  # id(body or elif) -> device names it bound
+        self._bound_in: dict[int, dict] = {}  # id(body or elif) -> device names it bound
         self._string_names: set[str] | None = None
         # The target's device, as the device rule (TPU101) maps it: an object, what `.to()`
         # and `device=` take when the script has no device variable, and the type string.
@@ -139,10 +140,10 @@ class DeviceFacts:
         return self.device_object if self.at_import_time() else self._device_move
 
     def in_scope(self) -> str | None:
-        """The device variable in scope (`device` first), if any."""
+        """The device variable in scope (the innermost scope's first bound), if any."""
         for scope in reversed(self.scopes):
             if scope:
-                return "device" if "device" in scope else sorted(scope)[0]
+                return next(iter(scope))
         return None
 
     def used_as_string(self, name: str) -> bool:
@@ -155,20 +156,35 @@ class DeviceFacts:
         return name in self._string_names
 
     def bind(self, name: str) -> None:
-        self.scopes[-1].add(name)
+        self.scopes[-1][name] = None
+
+    def _holds_device(self, value: cst.BaseExpression) -> bool:
+        """A device object: made by a device call, or carried to here by the dataflow (a
+        choice between device strings, a device a function returns). A bare string stays a
+        string (`.to(device)` would get it as written either way)."""
+        if is_device_value(self.names, value):
+            return True
+        if isinstance(value, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString,
+                              cst.IfExp)) or self.values is None:
+            return False
+        kinds = self.values.kinds(value)
+        return "device" in kinds and "string" not in kinds
 
     # -- what the traversal tells -----------------------------------------------------
     def visit_Assign(self, node: cst.Assign) -> None:
-        if is_device_value(self.names, node.value):
+        if self._holds_device(node.value):
             for target in node.targets:
                 if isinstance(target.target, cst.Name):
                     self.bind(target.target.value)
 
     def visit_FunctionDef(self, node: cst.FunctionDef | cst.Lambda) -> None:
-        params = node.params.params + node.params.kwonly_params + node.params.posonly_params
-        # `device=None` is no device: `.cuda(device)` there means the current one.
-        self.scopes.append({p.name.value for p in params if p.name.value == "device"
-                            and not _is_none(p.default)})
+        params = node.params.posonly_params + node.params.params + node.params.kwonly_params
+        # A parameter that holds a device, by what its callers give it, its default, its
+        # annotation or what the function does with it; `device=None` is no device:
+        # `.cuda(device)` there means the current one.
+        self.scopes.append({p.name.value: None for p in params if not _is_none(p.default)
+                            and self.values is not None
+                            and "device" in self.values.parameter_kinds(node, p)})
 
     visit_Lambda = visit_FunctionDef
 
@@ -201,7 +217,7 @@ class DeviceFacts:
 
     def visit_IndentedBlock(self, block: cst.BaseSuite) -> None:
         if id(block) in self._branch_blocks:
-            self.scopes.append(set())
+            self.scopes.append({})
 
     visit_SimpleStatementSuite = visit_IndentedBlock
 
@@ -222,13 +238,14 @@ class DeviceFacts:
 
     def leave_If(self, node: cst.If) -> None:
         """The names every branch of this if/elif/else chain binds, bound after it."""
-        bound = self._bound_in.pop(id(node.body), set())
+        bound = self._bound_in.pop(id(node.body), {})
         if isinstance(node.orelse, cst.Else):
-            bound &= self._bound_in.pop(id(node.orelse.body), set())
+            other = self._bound_in.pop(id(node.orelse.body), {})
         elif isinstance(node.orelse, cst.If):
-            bound &= self._bound_in.pop(id(node.orelse), set())
+            other = self._bound_in.pop(id(node.orelse), {})
         else:
-            bound = set()
+            other = {}
+        bound = {name: None for name in bound if name in other}
         if id(node) in self._elifs:
             self._elifs.discard(id(node))
             self._bound_in[id(node)] = bound  # for the `if` this is the elif of

@@ -21,7 +21,7 @@ from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionPr
 from tpukit.config import EAGER_MODES
 from tpukit.findings import Finding, FixKind, Location
 from tpukit.migrate import helpers
-from tpukit.migrate.context import IMPORTS, MigrationContext, dotted, string_value, terminal_name
+from tpukit.migrate.context import IMPORTS, MigrationContext, dotted, string_value
 from tpukit.migrate.guards import (
     cuda_only_function,
     cuda_only_try,
@@ -72,8 +72,12 @@ class MigrateOptions:
     # turned off here by a suppression comment (set by migrate_source itself, see _held).
     held: dict[str, str] = field(default_factory=dict)
     # Whose code the file is (ownership.py): the user's program, ported whole, or a library
-    # ported in library mode (a package module keeps its CUDA paths: policy.py).
+    # ported in library mode (a package module keeps its own CUDA choices).
     owner: Owner = Owner.PROGRAM
+    # What the program's other modules say about this one (analysis/program.py), and its
+    # dotted module name among them.
+    received: object = None
+    module_name: str = ""
 
 
 @dataclass
@@ -89,18 +93,87 @@ class Migration:
 load_transforms()
 
 
-def triggers_of(rules: list[Rule]) -> tuple[str, ...]:
-    return tuple(sorted({t for rule in rules for t in rule.triggers}))
+def triggers_of(rules: list[Rule], target: str | None = None) -> tuple[str, ...]:
+    """The words a file must hold for any of `rules` (those that run on `target`) to match."""
+    return tuple(sorted({t for rule in rules if target is None or not rule.skips(target)
+                         for t in rule.triggers}))
+
+
+def api_words(source: str) -> str | None:
+    """What the file's code says of the APIs it uses, one word a line: the attributes it
+    reads that it never sets itself (`torch.cuda.synchronize`, `x.is_cuda`, `.cuda()`; not
+    `self.use_cuda`, which it sets), what it imports, its string values (not docstrings) and
+    the keywords it passes; never its own names, comments or docstrings. None where Python's
+    `ast` cannot read it (libcst then says why)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.body and isinstance(node.body[0], ast.Expr) \
+                and isinstance(node.body[0].value, ast.Constant):
+            docstrings.add(id(node.body[0].value))
+    words = []
+    attributes = []
+    aliases: dict[str, str] = {}  # a name an import binds -> what it imports
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            words += [a.name for a in node.names]
+            aliases.update({a.asname: a.name for a in node.names if a.asname})
+            aliases.update({a.name.split(".")[0]: a.name.split(".")[0] for a in node.names
+                            if not a.asname})
+        elif isinstance(node, ast.ImportFrom):
+            words += [node.module or "", *(a.name for a in node.names)]
+            aliases.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names
+                            if node.module})
+        elif isinstance(node, ast.Attribute):
+            attributes.append(node)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and id(node) not in docstrings:
+            words.append(node.value)
+        elif isinstance(node, ast.keyword) and node.arg:
+            words.append(node.arg)
+    own = {n.attr for n in attributes if isinstance(n.ctx, (ast.Store, ast.Del))}
+    for node in attributes:
+        if node.attr in own and node.attr != "cuda":
+            continue
+        words.append(node.attr)
+        # the chain, from an import by what it imports (`th.tpu.synchronize` is
+        # torch.tpu.synchronize), else from its first attribute (`ReduceOp.AVG`)
+        parts, root = [node.attr], node.value
+        while isinstance(root, ast.Attribute) and root.attr not in own:
+            parts.append(root.attr)
+            root = root.value
+        if isinstance(root, ast.Name) and root.id in aliases:
+            parts.append(aliases[root.id])
+        if len(parts) > 1:
+            words.append(".".join(reversed(parts)))
+    return "\n".join(words)
+
+
+def mentions(source: str, triggers: tuple[str, ...]) -> bool:
+    """Does the file's code (api_words: not its names, comments or docstrings) hold a trigger?
+    A file whose text holds none is out at once (the common case)."""
+    if not any(trigger in source for trigger in triggers):
+        return False
+    words = api_words(source)
+    return words is None or any(trigger in words for trigger in triggers)
 
 
 def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration:
     """Migrate one file's text. Raises libcst.ParserSyntaxError on invalid Python."""
     suppressions = Suppressions.from_source(source)
-    if options.prune and not any(trigger in source for trigger in triggers_of(options.rules)):
+    # (a module the program's others give a loader or a device is read whatever its words:
+    # UNet's evaluate.py names no CUDA and runs the validation loop on the device it is given)
+    if options.prune and options.received is None and not mentions(
+            source, triggers_of(options.rules, options.target)):
         return _silenced(Migration(source, source), [], suppressions, path, options)
     module = cst.parse_module(source)
     ctx = MigrationContext(module, options.target, options.unsafe_fixes, source, path,
-                           owner=options.owner)
+                           owner=options.owner, received=options.received,
+                           module_name=options.module_name)
     ctx.sink.held = options.held
     transforms = []
     triggers: set[str] = set()
@@ -316,7 +389,7 @@ class Rewriter(cst.CSTTransformer):
         elif isinstance(node, cst.FormattedString):
             ctx.fstring_quotes.append(node.quote)
         elif isinstance(node, cst.Assign):
-            ctx.assign_targets.append([terminal_name(t.target) for t in node.targets])
+            ctx.assign_targets.append([t.target for t in node.targets])
         elif isinstance(node, (cst.FunctionDef, cst.Lambda)):
             ctx.functions.append(node)
         why = (cuda_only_function(node, ctx) if isinstance(node, cst.FunctionDef)

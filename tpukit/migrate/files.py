@@ -60,6 +60,8 @@ class Job:
     eager_mode: str | None = None
     strict: bool = False  # also report suppression comments that silence nothing
     owner: Owner = Owner.PROGRAM  # whose code the file is (ownership.py)
+    received: object = None  # what the program's other modules say (analysis/program.py)
+    module_name: str = ""
 
 
 @dataclass
@@ -205,6 +207,8 @@ def process(job: Job) -> FileResult:
         render_source=job.mode is not Mode.CHECK,
         strict=job.strict,
         owner=job.owner,
+        received=job.received,
+        module_name=job.module_name,
     )
     try:
         migration = migrate_source(source, job.display, options)

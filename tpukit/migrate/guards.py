@@ -18,7 +18,8 @@ import libcst as cst
 
 from tpukit.findings import FixKind
 from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string, string_value
-from tpukit.migrate.nodes import first, terminal_name, walk
+from tpukit.migrate.analysis import catalog as K
+from tpukit.migrate.nodes import first, walk
 from tpukit.rules import engine_say, load_rules
 
 
@@ -29,7 +30,9 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
     restore = {}
     # `device.type == "cuda" and not check_cuda_p2p_ib_support()`: the rest of the test is
     # CUDA's too, and runs once the guard is true.
-    vendor = _other_vendor(ctx, updated.test) if found.uses else None
+    # (library code only: in a program "is there CUDA" has one answer everywhere, and
+    # `not cuda and not mps` is `not tpu and not mps` on a TPU host)
+    vendor = _other_vendor(ctx, updated.test) if found.uses and ctx.library_code else None
     in_test = (residual_cuda(ctx, updated.test) or vendor) if found.uses else None
     deferred = []
     for key, negated in found.uses.items():
@@ -41,11 +44,9 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
         guarded = updated.orelse if negated != polarity else updated.body
         other = updated.body if negated != polarity else updated.orelse
         # `if device.type != "cuda": throw_on_non_cuda(device)`: the other branch says the
-        # test is about CUDA too (torch's Philox decompositions); a branch that raises says
-        # so in its message (fairscale's size profiler: `raise ValueError("... only CUDA
-        # device")` before reading CUDA memory around each layer, 0 on a lazy XLA forward)
-        named = (residual_cuda(ctx, other) or _refusal(other)) \
-            if isinstance(other, cst.BaseSuite) else None
+        # test is about CUDA too (torch's Philox decompositions). (What an error message
+        # says decides nothing: a branch that raises guards what follows it, below.)
+        named = residual_cuda(ctx, other) if isinstance(other, cst.BaseSuite) else None
         if named is not None:
             restore[key] = _put_back(ctx, key, named, "where_other_branch")
             continue
@@ -101,10 +102,9 @@ def library_cuda_choice(ctx: MigrationContext, node: cst.If | cst.IfExp | cst.As
 
     def compute() -> str | None:
         def query(n: cst.CSTNode) -> str | None:
-            if isinstance(n, cst.Call) and (ctx.qualify(n.func) in _CUDA_QUERIES or "cuda" in (
-                    terminal_name(n.func) or "").lower()):
-                # the library's own CUDA check: mmengine's `is_cuda_available()`,
-                # transformers' `is_torch_cuda_available()`
+            if isinstance(n, cst.Call) and (ctx.qualify(n.func) in _CUDA_QUERIES or (
+                    K.CUDA_QUESTION in ctx.values.kinds(n))):
+                # the library's own CUDA check (a function of the file that returns one)
                 return ctx.short(n)
             if isinstance(n, cst.Attribute) and n.attr.value == "is_cuda":
                 return ctx.short(n)
@@ -432,6 +432,18 @@ class _UnportedCuda(cst.CSTVisitor):
         self.ctx = ctx
         self.found: str | None = None
 
+    def _torch_cuda_keyword(self, call: cst.Call) -> bool:
+        """A CUDA keyword of one of torch's own functions (`cpp_extension.load(with_cuda=...,
+        extra_cuda_cflags=...)`): found (True) where the call is torch's."""
+        name = self.ctx.values.qualified(call.func) or ""
+        if not name.startswith("torch."):
+            return False
+        keyword = next((a.keyword.value for a in call.args if a.keyword is not None
+                        and "cuda" in a.keyword.value.lower()), None)
+        if keyword is not None:
+            self.found = f"{keyword}="
+        return keyword is not None
+
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self.found is not None:
             return False
@@ -441,18 +453,18 @@ class _UnportedCuda(cst.CSTVisitor):
             for arg in node.args:
                 arg.visit(self)
             return False
-        if isinstance(node, cst.Arg) and node.keyword is not None \
-                and "cuda" in node.keyword.value.lower():
-            self.found = f"{node.keyword.value}="  # cpp_extension.load(with_cuda=...)
+        if isinstance(node, cst.Call) and node.args and self._torch_cuda_keyword(node):
             return False
         if isinstance(node, (cst.Import, cst.ImportFrom)):
-            hit = next((n for n in _imported(node) if "cuda" in n.lower() or _cuda_only(n)), None)
+            # torch's own CUDA APIs (`CUDAExtension`) and CUDA-only libraries; a module of the
+            # program is not CUDA's for what it is called
+            hit = next((n for n in _imported(node) if (
+                n.startswith("torch.") and "cuda" in n.lower()) or _cuda_only(n)), None)
             if hit is not None:
                 self.found = f"import {hit}"  # `from torch.utils.cpp_extension import CUDAExtension`
             return False
         if isinstance(node, (cst.Attribute, cst.Name)):
             name = self.ctx.qualify(node)
-            own = node.attr.value if isinstance(node, cst.Attribute) else node.value
             if name is not None and name.startswith("torch.cuda"):
                 if unported_cuda_call(self.ctx.target, name):
                     self.found = _CUDA_ONLY_USE.match(name).group(0)
@@ -460,9 +472,6 @@ class _UnportedCuda(cst.CSTVisitor):
             if name is not None and not name.startswith("torch.backends") and (
                     _cuda_only(name) or "cuda" in name.lower()):
                 self.found = self.ctx.short(node)  # an imported CUDA name: CUDAExtension
-                return False
-            if _NVCC.search(own):
-                self.found = self.ctx.short(node)
                 return False
             # A local's own name (`cuda_kwargs`, `use_cuda`) says nothing about what it holds.
         return not isinstance(node, (cst.SimpleString, cst.FormattedString))
@@ -518,27 +527,32 @@ class _ResidualCuda(cst.CSTVisitor):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self.found is not None:
             return False
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and node.func.attr.value == "cuda" and not self.ctx.qualify(node.func):
+            self.found = self.ctx.short(node)  # `x.cuda()` left as written
+            return False
         if isinstance(node, (cst.Attribute, cst.Name)):
+            # what a name stands for (torch.cuda, a CUDA-only library), never how a variable
+            # or attribute is spelled (`args.cuda` is a flag)
             name = self.ctx.qualify(node) or ""
             own = node.attr.value if isinstance(node, cst.Attribute) else node.value
-            pinned = self.ctx.target == "xla" and "pin_memory" in own
+            # on XLA pinned host memory is a CUDA copy aid (torch's `pin_memory`)
+            pinned = self.ctx.target == "xla" and own == "pin_memory"
             # float16 chosen because a GPU is there (transformers' AQLM quantizer: "CUDA
             # available. ... loading the model in torch.float16"): a TPU computes in bfloat16
             half = self.half and name in _HALF
-            if name == "torch.cuda" or name.startswith("torch.cuda.") or _cuda_only(name) \
-                    or "cuda" in own.lower() or pinned or half:
-                # .cuda(), cuda_ops, cudagraph_mark_step_begin; on XLA pinned host memory is
-                # a CUDA copy aid
+            if name == "torch.cuda" or name.startswith("torch.cuda.") or _cuda_library(name) \
+                    or pinned or half:
                 self.found = self.ctx.short(node)
                 return False
         elif isinstance(node, (cst.Import, cst.ImportFrom)):
             modules = ([dotted(node.module) or ""] if isinstance(node, cst.ImportFrom)
                        else [dotted(a.name) or "" for a in node.names])
-            hit = next((m for m in modules if "cuda" in m or _cuda_library(m)), None)
+            hit = next((m for m in modules if _cuda_library(m)), None)
             if hit is not None:
-                self.found = f"import {hit}"  # `from .backends.cuda import ops`, `import fla`
+                self.found = f"import {hit}"  # `import fla`, `from apex import amp`
             return False
-        elif isinstance(node, cst.Assign) and _is_device_index(node):
+        elif isinstance(node, cst.Assign) and _is_device_index(self.ctx, node):
             # ultralytics' exporter: `if ... torch.cuda.is_available(): self.args.device = "0"`
             # (a CUDA device index, for its select_device)
             self.found = self.ctx.code(node).strip()
@@ -558,12 +572,13 @@ _HALF = frozenset({"torch.float16", "torch.half"})
 _INDEX = re.compile(r"[0-9]+(?:,[0-9]+)*\Z")  # "0", "0,1": CUDA device indices
 
 
-def _is_device_index(node: cst.Assign) -> bool:
-    """`device = "0"`: a bare index given to a device setting names a CUDA device."""
+def _is_device_index(ctx: MigrationContext, node: cst.Assign) -> bool:
+    """`device = "0"`: a bare index given to a variable the program uses as a device names
+    a CUDA device."""
     value = string_value(node.value) if isinstance(node.value, cst.SimpleString) else None
     if value is None or not _INDEX.match(value):
         return False
-    return any("device" in terminal_name(t.target).lower() for t in node.targets)
+    return any(ctx.values.used_as_device_string(t.target) for t in node.targets)
 _CUDA_WORD = re.compile(r"(?:cuda|nccl)\Z", re.I)  # BNB_BACKEND = "CUDA", backend = "nccl"
 
 
@@ -571,6 +586,9 @@ _CUDA_WORD = re.compile(r"(?:cuda|nccl)\Z", re.I)  # BNB_BACKEND = "CUDA", backe
 # Kernels packages with CUDA (or Triton-on-GPU) kernels only: mamba's selective scan and
 # causal conv1d, flash-linear-attention, FlashAttention 3's interface; NVIDIA's Megatron-LM
 # and Transformer Engine (fused CUDA kernels, NCCL; accelerate's integration asserts CUDA).
+# torch's CUDA graphs, outside torch.cuda.
+_CUDA_GRAPH_CALLS = ("torch._inductor.cudagraph_mark_step_begin",
+                     "torch.compiler.cudagraph_mark_step_begin")
 _CUDA_ONLY_EXTRA = ("tensorrt", "pycuda", "numba.cuda", "cuda", "mamba_ssm", "causal_conv1d",
                     "fla", "flash_attn_interface", "flash_attn_3", "megatron",
                     "transformer_engine")
@@ -578,13 +596,21 @@ _CUDA_ONLY_EXTRA = ("tensorrt", "pycuda", "numba.cuda", "cuda", "mamba_ssm", "ca
 
 def cuda_only_function(node: cst.FunctionDef, ctx: MigrationContext | None = None) -> str | None:
     """Why a function is CUDA-only code, which tpukit does not rewrite (its findings stay for
-    a person): its name says cuda or triton (a `cuda()` method, inductor's `triton(...)`), its
+    a person): it is a module's own `cuda()` method (an override of `nn.Module.cuda`), its
     body imports a CUDA-only library (TensorRT calibration, a triton kernel's launcher), or, in
-    library code, it picks among other vendors' devices (`_vendor_dispatch`)."""
-    why = _named_or_importing(node)
+    library code, it picks among other vendors' devices (`_vendor_dispatch`). What it is
+    called says nothing."""
+    why = _overrides_cuda(node, ctx) or _importing(node)
     if why is None and ctx is not None and ctx.library_code:
         why = ctx.memo(("vendor_dispatch", id(node)), lambda: _vendor_dispatch(ctx, node))
     return why
+
+
+def _overrides_cuda(node: cst.FunctionDef, ctx: MigrationContext | None) -> str | None:
+    """A class's `cuda` method: what `module.cuda()` runs (torch's API name, not a spelling)."""
+    if ctx is None or node.name.value != "cuda" or id(node) not in ctx.values.method_of:
+        return None
+    return engine_say("migrate", "why_named_cuda", name=node.name.value)
 
 
 # Other vendors' device types, as strings (`torch.device("npu")`, `getattr(torch, "xpu")`).
@@ -612,15 +638,7 @@ def _vendor_dispatch(ctx: MigrationContext, node: cst.FunctionDef) -> str | None
     return engine_say("migrate", "why_vendor_dispatch", name=node.name.value, other=said)
 
 
-def _named_or_importing(node: cst.FunctionDef) -> str | None:
-    name = node.name.value.lower()
-    if "cuda" in name or "triton" in name:
-        return engine_say("migrate", "why_named_cuda", name=node.name.value)
-    library = names_cuda_library(name)
-    if library is not None:
-        # transformers' `is_flash_attn_3_available`, `is_bitsandbytes_available`: a check for
-        # a CUDA-only library asks for CUDA
-        return engine_say("migrate", "why_named_library", name=node.name.value, module=library)
+def _importing(node: cst.FunctionDef) -> str | None:
     body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
     for stmt in body:
         if not isinstance(stmt, cst.SimpleStatementLine):
@@ -662,7 +680,8 @@ def _imported(node: cst.Import | cst.ImportFrom) -> list[str]:
 
 def _cuda_library(name: str) -> bool:
     """A module only a CUDA machine has: a TPU9xx rule's, or TensorRT, pycuda, numba.cuda."""
-    return _cuda_only(name) or any(name == m or name.startswith(m + ".") for m in _CUDA_ONLY_EXTRA)
+    return _cuda_only(name) or name in _CUDA_GRAPH_CALLS or any(
+        name == m or name.startswith(m + ".") for m in _CUDA_ONLY_EXTRA)
 
 
 # Names code uses for a CUDA-only library: `bnb` (bitsandbytes, as its users import it).

@@ -9,12 +9,11 @@
   `[tool.tpukit] library = [...]`). Never rewritten: `tpukit run`'s runtime layer is what
   handles CUDA calls there.
 - **library**: code ported in *library mode* (`--library-mode`), for a library's own authors: a
-  package module keeps every CUDA path it has (its tests of the host's CUDA, its seeds, its
-  launcher variables, its own choice of device) and gains the TPU's only where that changes
-  nothing for the CUDA or CPU host. A standalone script of the library (an example, a
-  benchmark) is still a program.
+  package module keeps its own choices as written, each with a finding (its tests of the
+  host's CUDA and what they guard, its seeds, its launcher variables, its own choice of
+  device, torch.save). A standalone script of the library (an example, a benchmark) is still
+  a program.
 
-How each rule behaves for each owner is the policy table (policy.py), not a branch per rule.
 """
 
 from __future__ import annotations

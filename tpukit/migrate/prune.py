@@ -22,9 +22,11 @@ def bound_names(source: str, triggers: tuple[str, ...]) -> set[str]:
     """Names that imports bind to something a trigger names: `from torch.utils.cpp_extension
     import load` makes `load` a trigger, or a statement `ops = load(...)` would be skipped."""
     names: set[str] = set()
+    # a call's trigger (`FullyShardedDataParallel(`) names the import of it
+    words = tuple({t.rstrip("(") for t in triggers if t.rstrip("(")})
 
     def matches(text: str) -> bool:
-        return any(t in text for t in triggers)
+        return any(t in text for t in words)
 
     for module, imported in _FROM_IMPORT.findall(source):
         for item in imported.strip("()").replace("\\", " ").split(","):

@@ -10,9 +10,10 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
   value_ok    a `statements`/`remove` entry whose call, used as a value, is right as it is
               (`with torch.tpu.set_eager_mode(m):` is the context manager's own use)
   when        a regular expression the call's source must match for the entry to apply
-  file_lacks  a regular expression; where the file does not match it, `lacking_statements`
-              (and `lacking_note`) are used instead of `statements` (`{call}`: the call's
-              code, `{owner}`: what its function is an attribute of)
+  file_lacks_group  true: where the file makes no process group of its own (no
+              init_process_group call, no NCCL backend named in its code),
+              `lacking_statements` (and `lacking_note`) are used instead of `statements`
+              (`{call}`: the call's code, `{owner}`: what its function is an attribute of)
   lacking_in_package  true: in a package module (library code) the lacking form is used
               whatever the file says
   otherwise   the finding's message for a call `when` does not match (no rewrite)
@@ -21,9 +22,8 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
   as_type     the `replace` template where only the value's `.type` is read
               (`current_accelerator().type`: the string "xla", which starts nothing;
               `as_type_note`: its note)
-  gpu_count   no rewrite where the value is stored in a name that says gpu (`n_gpu`), or is
-              counted in a function named for GPUs (`get_gpu_count`, `require_single_gpu`):
-              the finding's message (a GPU count drives DataParallel and batch scaling)
+  gpu_count   no rewrite where the value is stored in a variable that scales something
+              (`batch_size * n_gpu`): the finding's message
   before_launch  the `replace` template to use instead in a launcher's scope (the function or
               top level that calls mp.spawn / torch_xla.launch), where the XLA runtime must
               not be initialised yet (`before_launch_note`: its note, `before_launch_helper`:
@@ -37,10 +37,10 @@ import re
 import libcst as cst
 
 from tpukit.findings import FixKind
-from tpukit.migrate.context import dotted, terminal_name
+from tpukit.migrate.analysis import catalog as K
+from tpukit.migrate.context import dotted, string_value
 from tpukit.migrate.guards import unported_cuda_call
 from tpukit.migrate.nodes import walk
-from tpukit.migrate.transforms.devices import attribute_names
 from tpukit.migrate.transforms.base import StatementPlan, Transform, engine
 
 
@@ -107,8 +107,8 @@ class CallMap(Transform):
             )
         else:
             statements = entry["statements"]
-            if "file_lacks" in entry and (
-                    not re.search(entry["file_lacks"], self.ctx.source)
+            if entry.get("file_lacks_group") and (
+                    not self._makes_group()
                     or (entry.get("lacking_in_package") and self.ctx.package_module)):
                 statements = entry["lacking_statements"]
                 entry = {**entry, "note": entry.get("lacking_note", entry.get("note"))}
@@ -119,13 +119,28 @@ class CallMap(Transform):
             )
         return plan
 
+    def _makes_group(self) -> bool:
+        """Does the file make a process group of its own (an init_process_group call, or an
+        NCCL backend named in its code: a value, not a comment)?"""
+        def compute() -> bool:
+            values = self.ctx.values
+            if values.calls_any({"torch.distributed.init_process_group"}):
+                return True
+            return any(isinstance(n, cst.SimpleString) and (string_value(n) or "").lower()
+                       in ("nccl", "cuda:nccl", "cuda:nccl,cpu:gloo", "cpu:gloo,cuda:nccl")
+                       for n in walk(self.ctx.module))
+        return self.ctx.memo("makes_group", compute)
+
     def _mark_device_arguments(self, node: cst.Call) -> None:
         """Remember the arguments of `node` that take a device, for the calls inside them."""
         func = node.func
         # x.to(d), x.cuda(d), torch.device(d), send_to_device(batch, d): the first arguments
         moves = isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda")
-        if terminal_name(func).endswith("to_device"):
-            self.device_arguments.update(id(a.value) for a in node.args[:2] if not a.keyword)
+        # a function of the file that moves what it is given to the device it is given
+        self.device_arguments.update(id(a) for a in self.ctx.values.device_parameters_given(node))
+        position = K.DEVICE_ARGUMENT_CALLS.get(self.ctx.qualify(func) or "")
+        if position is not None and len(node.args) > position and not node.args[position].keyword:
+            self.device_arguments.add(id(node.args[position].value))
         for i, arg in enumerate(node.args):
             if (arg.keyword is None and not arg.star and i == 0
                     and (moves or self.ctx.qualify(func) == "torch.device")) or (
@@ -139,7 +154,7 @@ class CallMap(Transform):
         # `device_map = {"": torch.cuda.current_device()}` (transformers' quantizers): a
         # device_map's values are devices, where an index names a CUDA device
         if self.as_device and isinstance(node.value, cst.Dict) and any(
-                "device_map" in terminal_name(t.target).lower() for t in node.targets):
+                self.ctx.values.given_as(t.target, "device_map") for t in node.targets):
             self.device_arguments.update(id(e.value) for e in node.value.elements
                                          if isinstance(e, cst.DictElement))
 
@@ -147,17 +162,17 @@ class CallMap(Transform):
         # def get_device(...): return torch.cuda.current_device(): what it returns is a device
         function = self.ctx.functions[-1] if self.ctx.functions else None
         if (self.as_device and node.value is not None and isinstance(function, cst.FunctionDef)
-                and "device" in function.name.value.lower()
-                and "index" not in function.name.value.lower()):
+                and self.ctx.values.returned_as_device(function)):
             self.device_arguments.add(id(node.value))
 
-    def _in_gpu_function(self) -> bool:
-        """Inside a function named for GPUs: transformers' `get_gpu_count()` (as
-        `torch_xla.device_count()` it started the runtime in the test parent and counted TPU
-        chips as GPUs), accelerate's `require_single_gpu` (the launch count, 1 on a CPU host,
-        ran tests that need a GPU there)."""
-        return any(isinstance(f, cst.FunctionDef) and "gpu" in f.name.value.lower()
-                   for f in self.ctx.functions)
+    def _targets(self) -> list[cst.BaseExpression]:
+        return self.ctx.assign_targets[-1] if self.ctx.assign_targets else []
+
+    def _held_name(self) -> str | None:
+        """The target of the enclosing assignment that the file reads as an attribute name
+        (`getattr(torch, device_type)`), as written."""
+        held = [t for t in self._targets() if self.ctx.values.used_as_attribute_name(t)]
+        return self.ctx.short(held[0]) if held else None
 
     def _held(self, call: cst.Call, held: str, new: str) -> None:
         """`held` is read as an attribute name (`getattr(torch, device_type)`, diffusers'
@@ -175,9 +190,7 @@ class CallMap(Transform):
             self.type_reads.add(id(node.value))
             self._held(node.value, self.ctx.short(node), entry["as_type"])
             return None
-        if entry is None or "as_type" not in entry or any(
-                n in attribute_names(self.ctx) for n in (
-                    self.ctx.assign_targets[-1] if self.ctx.assign_targets else ())):
+        if entry is None or "as_type" not in entry or self._held_name() is not None:
             return None  # getattr(torch, device_type): visit_Call says why it is left
         self.type_reads.add(id(node.value))
         new = entry["as_type"]
@@ -227,26 +240,24 @@ class CallMap(Transform):
             if self.library_leaves(node, lambda: self.say(
                     "library_query", call=self.ctx.short(node))):
                 return None
-        held = [n for n in (self.ctx.assign_targets[-1] if self.ctx.assign_targets else ())
-                if n in attribute_names(self.ctx)]
+        held = self._held_name()
         if held:  # device_type = ...; getattr(torch, device_type): a module's name
-            self._held(node, held[0], self._format(template, node))
+            self._held(node, held, self._format(template, node))
             return None
         if "as_device" in entry and id(node) in self.device_arguments:
             template = entry["as_device"]
             entry = {**entry, "note": entry.get("as_device_note", entry.get("note"))}
         elif "before_launch" in entry and (self.ctx.in_launcher() or any(
-                _PROCESS_COUNT.search(n) for n in (
-                    self.ctx.assign_targets[-1] if self.ctx.assign_targets else ()))):
+                self.ctx.values.is_process_count(t) for t in self._targets())):
             # accelerate's launch command: `args.num_processes = torch.cuda.device_count()` is
             # how many processes a launcher (in another module) will start
             template = entry["before_launch"]
             entry = {**entry, "note": entry.get("before_launch_note", entry.get("note")),
                      "helper": entry.get("before_launch_helper")}
-        elif "gpu_count" in entry and (self._in_gpu_function() or any(
-                "gpu" in n.lower() for n in (
-                    self.ctx.assign_targets[-1] if self.ctx.assign_targets else ()))):
-            self._manual(node, entry["gpu_count"])  # `self._n_gpu = ...`: DataParallel's count
+        elif "gpu_count" in entry and any(
+                self.ctx.values.uses_of(K.SCALE, t) for t in self._targets()):
+            # `n_gpu = ...` that scales a batch size (`batch_size * n_gpu`)
+            self._manual(node, entry["gpu_count"])
             return None
         elif self.ctx.at_import_time() and STARTS_RUNTIME.search(template):
             if "before_launch" in entry:  # what runs before torch_xla.launch runs here too
@@ -278,7 +289,4 @@ GUARDS = {"torch.cuda.is_available", "torch.accelerator.is_available", "torch.cu
           "torch.accelerator.device_count"}
 DEVICE_KEYWORDS = ("device", "map_location", "device_map")
 # torch_xla calls that start the runtime (xr.device_type() only reads the environment).
-# A name that holds how many processes to start: `num_processes`, `nprocs`, `nproc_per_node`.
-_PROCESS_COUNT = re.compile(
-    r"(?:^|_)(?:n|num_)?proc(?:s|esses|ess_count|_per_node)?(?:$|_)", re.I)
 STARTS_RUNTIME = re.compile(r"torch_xla\.device(?:_count)?\(|\bxm\.|\bxr\.(?!device_type\()")

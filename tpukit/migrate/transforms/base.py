@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from tpukit.findings import FixKind, Severity
+from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.context import MigrationContext
 from tpukit.rules import Rule, engine_say
 
@@ -27,8 +28,9 @@ class StatementPlan:
     comment: str | None = None
 
 
-# Words of the statements that bind the script's device (`device = torch.device("cuda")`):
-# a rule that reads the device variable in scope needs them traversed.
+# Words of the statements that bind the script's device (`device = torch.device("cuda")`,
+# `dev = torch.device(...)`): a rule that reads the device variable in scope needs them
+# traversed; with the names the dataflow says hold a device (whatever they are called).
 DEVICE_FACT_WORDS = ("device", "cuda")
 
 
@@ -55,6 +57,7 @@ class Transform:
         words = set(self.rule.statement_triggers or self.rule.triggers)
         if self.reads_device_facts:
             words.update(DEVICE_FACT_WORDS)
+            words.update(self.ctx.values.names_of({K.DEVICE}))
         return words
 
     def say(self, key: str, /, **values) -> str:

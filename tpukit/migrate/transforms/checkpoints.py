@@ -3,62 +3,16 @@ CUDA storage to the CPU."""
 
 from __future__ import annotations
 
-import ast
-import re
-
 import libcst as cst
 
 from tpukit.findings import FixKind, Severity
-from tpukit.migrate.context import is_cuda_device_string, keyword_arg, terminal_name
+from tpukit.migrate.analysis import catalog as K
+from tpukit.migrate.context import is_cuda_device_string, keyword_arg
+from tpukit.migrate.nodes import walk
 from tpukit.migrate.transforms.base import Transform, transform
-from tpukit.migrate.transforms.devices import names_a_device
 
-_DICT_ASSIGN = re.compile(r"(\w+)\s*=\s*\{")
-_STATE_ASSIGN = re.compile(r"(\w+)\s*=\s*[\w.]+\.state_dict\s*\(")  # ckp = m.module.state_dict()
-STATE_WORDS = ("state", "checkpoint", "ckpt", "snapshot")
-# A path built from the process's rank (f"rng_state_{rank}.pth", args.process_index, a name
-# assigned such a path): every process writes its own file.
-_RANK_WORDS = r"rank|process_index|ordinal|local_process|worker_id|proc_id|getpid"
-_RANK = re.compile(_RANK_WORDS, re.I)
-_ASSIGN_LINE = re.compile(r"^[ \t]*([\w.]+)[ \t]*=(?!=)([^\n]*)", re.M)
-
-
-def _assignments(source: str) -> list[tuple[str, str]]:
-    """(target, value's code) of each assignment to a name or attribute, the value whole
-    however many lines it spans (accelerate's fsdp_utils: `weights_name = (` then the rank's
-    f-string on the next line)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):  # syntax libcst reads and this Python does not
-        return _ASSIGN_LINE.findall(source)  # each assignment's first line
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            value = ast.get_source_segment(source, node.value) or ""
-            found += [(ast.unparse(t), value) for t in targets
-                      if isinstance(t, (ast.Name, ast.Attribute))]
-    return found
-
-
-def rank_path_names(source: str) -> set[str]:
-    """Names assigned a path built from the rank, directly or through other such names
-    (accelerate: states_name = f"{RNG_STATE_NAME}_{process_index}.pkl", then
-    output_states_file = output_dir.joinpath(states_name))."""
-    assigns = _assignments(source)
-    names = {name for name, value in assigns if _RANK.search(value)}
-    while True:
-        words = re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")\b") if names else None
-        more = {name for name, value in assigns if name not in names and words and words.search(value)}
-        if not more:
-            return names
-        names |= more
-# loc = 'cuda:{}'.format(args.gpu) / device = "cuda" / dev = torch.device("cuda", rank)
-_CUDA_ASSIGN = re.compile(r"""(\w+)\s*=\s*(?:torch\.device\(\s*)?f?['"]cuda\b""")
-
-
-# random.getstate(), np.random.get_state(): RNG states that are tuples.
-_HOST_RNG = re.compile(r"\brandom\.getstate\(\)|\brandom\.get_state\(\)")
+# Python's and NumPy's RNG states: tuples.
+_HOST_RNG = frozenset({"random.getstate", "numpy.random.get_state"})
 
 
 def _has_state_dict(expr: cst.BaseExpression) -> bool:
@@ -87,15 +41,10 @@ class CheckpointSave(Transform):
             return None
         obj = node.args[0].value
         extra = [a for a in node.args[2:]] + [a for a in node.args[:2] if a.keyword and a.keyword.value not in ("obj", "f")]
-        name = terminal_name(obj).lower()
-        dict_names = self.ctx.memo("dict_names", lambda: {
-            *_DICT_ASSIGN.findall(self.ctx.source), *_STATE_ASSIGN.findall(self.ctx.source)})
-        # A container written in the call (`{"images": t, "labels": u}`, `[a, b]`): xm.save
-        # moves the XLA tensors of nested dicts, lists and tuples to the CPU, the rest as is.
-        state = _has_state_dict(obj) or _is_container(obj) or (
-            isinstance(obj, (cst.Name, cst.Attribute))
-            and (terminal_name(obj) in dict_names or any(w in name for w in STATE_WORDS))
-        )
+        # A state dict, or a container (`{"images": t, "labels": u}`, `[a, b]`, a variable
+        # holding one): xm.save moves the XLA tensors of nested dicts, lists and tuples to the
+        # CPU, the rest as is.
+        state = _has_state_dict(obj) or _is_container(obj) or self.ctx.values.holds_state(obj)
         if not state:
             self.ctx.report(self.rule, node, self.say("object", code=self.ctx.short(node)),
                             applied=False, fix=None)
@@ -129,16 +78,14 @@ class CheckpointSave(Transform):
     def _saves_host_rng(self) -> bool:
         """Does the enclosing function (or the module) read Python's or NumPy's RNG state (a
         tuple) for what it saves?"""
-        return bool(_HOST_RNG.search(self.ctx.scope_text()))
+        scope = self.ctx.functions[-1] if self.ctx.functions else self.ctx.module
+        values = self.ctx.values
+        return self.ctx.memo(("host_rng", id(scope)), lambda: any(
+            isinstance(n, cst.Call) and values.qualified(n.func) in _HOST_RNG for n in walk(scope)))
 
     def _per_rank(self, node: cst.Call) -> bool:
         path = node.args[1].value if len(node.args) > 1 else None
-        if path is None:
-            return False
-        if _RANK.search(self.ctx.code(path)):
-            return True
-        names = self.ctx.memo("rank_paths", lambda: rank_path_names(self.ctx.source))
-        return self.ctx.code(path) in names
+        return path is not None and self.ctx.values.derives_from(path, K.RANK)
 
     def _save_everywhere(self, node: cst.Call, updated: cst.Call) -> cst.Call:
         call = self.ctx.with_func(node, updated, self.ctx.expr("xm.save"))
@@ -179,11 +126,8 @@ class LoadMapLocation(Transform):
         return None
 
     def _holds_device(self, value: cst.BaseExpression) -> bool:
-        """A variable holding the device: named so (`device`, `dev`), or assigned a CUDA device
-        string in this file (`loc = "cuda:{}".format(gpu)`). After the port it holds the TPU,
-        which torch.load cannot map storage to."""
-        if not isinstance(value, (cst.Name, cst.Attribute)):
-            return False
-        cuda_names = self.ctx.memo("cuda_string_names",
-                                   lambda: set(_CUDA_ASSIGN.findall(self.ctx.source)))
-        return names_a_device(value) or terminal_name(value) in cuda_names
+        """A variable holding the device (`device`, `loc = "cuda:{}".format(gpu)`, a parameter
+        its callers give one). After the port it holds the TPU, which torch.load cannot map
+        storage to."""
+        return isinstance(value, (cst.Name, cst.Attribute)) and \
+            K.DEVICE in self.ctx.values.kinds(value)

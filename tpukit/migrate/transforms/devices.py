@@ -11,8 +11,6 @@ Two worlds, kept apart so the migrated script keeps its types:
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
 from tpukit.findings import FixKind, Severity
@@ -22,7 +20,6 @@ from tpukit.migrate.context import (
     is_cpu_device,
     is_cuda_device_string,
     string_value,
-    terminal_name,
     with_string,
 )
 from tpukit.migrate.device_facts import (  # noqa: F401 - device facts; rules import them here
@@ -30,6 +27,8 @@ from tpukit.migrate.device_facts import (  # noqa: F401 - device facts; rules im
     is_accelerator_value,
     is_device_value,
 )
+from tpukit.migrate.analysis import catalog as K
+from tpukit.migrate.analysis.values import destination as _option_destination
 from tpukit.migrate.nodes import walk
 from tpukit.migrate.transforms.base import Transform, transform
 
@@ -38,29 +37,18 @@ def is_availability_test(ctx, expr: cst.BaseExpression) -> bool:
     return isinstance(expr, cst.Call) and ctx.qualify(expr.func) in AVAILABILITY
 
 
-def names_a_device(expr: cst.BaseExpression) -> bool:
+def holds_a_device_string(ctx, expr: cst.BaseExpression) -> bool:
+    """Can the variable `expr` reads (a name, an attribute, `str(device)`) hold a device
+    string such as "cuda"? Decided by where its value goes, not by its name: not when it is a
+    process group's backend, nor the name of an attribute (`getattr(torch, device)` reads
+    `torch.cuda`)."""
     if isinstance(expr, cst.Call) and dotted(expr.func) == "str" and len(expr.args) == 1:
         expr = expr.args[0].value  # 'cuda' in str(device)
-    name = (subscript_key(expr) or terminal_name(expr)).lower()
-    return "device" in name or name in ("dev", "type")
-
-
-def subscript_key(expr: cst.BaseExpression) -> str | None:
-    """"device" for `config["device"]` (a config entry), else None."""
-    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1:
-        index = expr.slice[0].slice
-        if isinstance(index, cst.Index):
-            return string_value(index.value)
-    return None
-
-
-_GETATTR_NAME = re.compile(r"\bgetattr\(\s*[\w.]+\s*,\s*(\w+)\s*[,)]")
-
-
-def attribute_names(ctx) -> set[str]:
-    """Names this file uses as attribute names (`getattr(torch, device)`): a "cuda" they hold
-    names the `torch.cuda` module, not a device."""
-    return ctx.memo("attribute_names", lambda: set(_GETATTR_NAME.findall(ctx.source)))
+    if isinstance(expr, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
+        return False  # `"cuda" == "cuda"` compares two constants
+    values = ctx.values
+    return not (values.uses_of(K.BACKEND, expr) or K.BACKEND in values.kinds(expr)
+                or values.used_as_attribute_name(expr))
 
 
 def _texts_around_a_device(parts) -> bool:
@@ -89,7 +77,8 @@ class CudaDevice(Transform):
         super().__init__(rule, ctx)
         self.not_devices: set[int] = set()  # id() of expressions that build a non-device name
         self.choices: set[int] = set()  # id() of the CUDA-or-CPU choices visit_IfExp said
-        self.bound_to: dict[int, list[str]] = {}  # id(IfExp) -> the names it is read back by
+        self._returned: dict[int, cst.CSTNode] = {}  # id(IfExp returned) -> its function
+        self._keywords: dict[int, str] = {}  # id(IfExp given by keyword or dict key) -> the key
         self.argparse_defaults: set[int] = set()  # id() of `add_argument(default=...)` values
 
     def _to_xla_device(self, node: cst.CSTNode):
@@ -149,45 +138,47 @@ class CudaDevice(Transform):
     # `device = "cuda" if torch.cuda.is_available() else "cpu"` holds a string. Where the file
     # compares it as one (`if device == "cuda":`, which becomes `== "xla"`), it must stay a
     # string: `torch_xla.device() == "xla"` is False and the guarded code never runs.
-    def visit_Assign(self, node: cst.Assign):
-        self._bind(node.value, [terminal_name(t.target) for t in node.targets])
-
-    def visit_AnnAssign(self, node: cst.AnnAssign):
-        if node.value is not None:
-            self._bind(node.value, [terminal_name(node.target)])
+    def _read_back_as(self, node: cst.IfExp) -> list[cst.BaseExpression]:
+        """The variables a choice is read back as: what it is assigned to, and what the
+        calls of a function that returns it are assigned to."""
+        values = self.ctx.values
+        found = list(values.assigned_to(node))
+        function = self._returned.get(id(node))
+        if isinstance(function, cst.FunctionDef):
+            found += values.callers_targets(function)
+        return found
 
     def visit_Return(self, node: cst.Return):
-        # `def get_device(): return "cuda" if ... else "cpu"` read by `device = get_device()`
-        function = self.ctx.functions[-1] if self.ctx.functions else None
-        if isinstance(node.value, cst.IfExp) and isinstance(function, cst.FunctionDef):
-            callers = re.findall(rf"([\w.]+)\s*=\s*(?:self\.)?{function.name.value}\(",
-                                 self.ctx.source)
-            self._bind(node.value, [c.rpartition(".")[2] for c in callers])
+        if isinstance(node.value, cst.IfExp) and self.ctx.functions:
+            self._returned[id(node.value)] = self.ctx.functions[-1]
 
     def visit_Arg(self, node: cst.Arg):
-        if node.keyword is not None:  # `Config(device=...)`, read back as `config.device`
-            self._bind(node.value, [node.keyword.value])
+        if node.keyword is not None and isinstance(node.value, cst.IfExp):
+            self._keywords[id(node.value)] = node.keyword.value
 
     def visit_DictElement(self, node: cst.DictElement):
         key = string_value(node.key)
-        if key is not None:  # `{"device": ...}`, read back as `cfg["device"]`
-            self._bind(node.value, [key])
-
-    def _bind(self, value: cst.BaseExpression, names: list[str]) -> None:
-        if isinstance(value, cst.IfExp):
-            self.bound_to[id(value)] = [n for n in names if n]
+        if key is not None and isinstance(node.value, cst.IfExp):
+            self._keywords[id(node.value)] = key  # `{"device": ...}`, read as `cfg["device"]`
 
     def _kept_as_string(self, node: cst.IfExp) -> str | None:
         """Why this choice of device strings stays a string, or None when it may become the
         device object: an argparse default (what the command line gives is a string too), or
-        a value whose name the file uses as a string."""
+        a variable it is read back as that the file uses as a string."""
         if not isinstance(node.body, (cst.SimpleString, cst.FormattedString)):
             return None  # `torch.device("cuda") if ... else ...`: an object already
         if id(node) in self.argparse_defaults:
             return self.say("kept_default")
-        used = next((n for n in self.bound_to.get(id(node), ())
-                     if self.ctx.used_as_string(n)), None)
-        return None if used is None else self.say("kept_used", name=used)
+        values = self.ctx.values
+        used = next((t for t in self._read_back_as(node) if values.used_as_string(t)), None)
+        if used is not None:
+            return self.say("kept_used", name=self.ctx.short(used))
+        keyword = self._keywords.get(id(node))
+        if keyword is not None and values.key_used_as_string(keyword):
+            # `Config(device=...)` read back as `config.device`, `{"device": ...}` as
+            # `cfg["device"]`, and compared as a string
+            return self.say("kept_used", name=keyword)
+        return None
 
     def _string_choice(self, node: cst.IfExp, why: str):
         def build():
@@ -228,7 +219,6 @@ class CudaDevice(Transform):
         is_add_argument = (
             isinstance(original.func, cst.Attribute) and original.func.attr.value == "add_argument"
         )
-        option_names = [string_value(a.value) or "" for a in original.args if a.keyword is None]
         for i, (old, new) in enumerate(zip(original.args, updated.args)):
             keyword = old.keyword.value if old.keyword else None
             if not is_cuda_device_string(old.value):
@@ -237,33 +227,43 @@ class CudaDevice(Transform):
             if keyword == "device" or (is_to and i == 0 and keyword is None):
                 replacement = self.fix_or_report(
                     old.value, self.say("argument", code=ctx.short(old.value)), ctx.device_expr)
-            elif is_add_argument and keyword == "default" and any("dev" in n for n in option_names):
+            elif is_add_argument and keyword == "default" and self._option_holds_device(original):
                 replacement = self._string_to_xla(old.value, self.say("in_default"))
             if replacement is not None:
                 args[i] = new.with_changes(value=replacement)
                 changed = True
         return updated.with_changes(args=args) if changed else None
 
+    def _option_holds_device(self, call: cst.Call) -> bool:
+        """An argparse option whose default is a CUDA device string holds a device string,
+        unless the program gives it where a backend goes, or reads it as an attribute name."""
+        dest = _option_destination(call)
+        if dest is None or self.ctx.values.option_is_not_a_device(dest):
+            return False
+        uses = self.ctx.values.option_uses(dest)
+        return K.DEVICE in uses or self.ctx.values.option_used_as_string(dest)
+
     def _assigned_string(self, targets, original_value, updated):
         if not isinstance(original_value, (cst.SimpleString, cst.FormattedString)):
             return None
         if not is_cuda_device_string(original_value):
             return None
-        if not any(names_a_device(t) for t in targets):
-            return None
-        if self._names_a_module(original_value, [terminal_name(t) for t in targets]):
+        if not all(holds_a_device_string(self.ctx, t) for t in targets) or not any(
+                self.ctx.values.used_as_device_string(t) for t in targets):
+            return None  # not a device's name, or not used as one
+        if self._names_a_module(original_value, targets):
             return None
         new_value = self._string_to_xla(original_value, self.say("in_setting"))
         return None if new_value is None else updated.with_changes(value=new_value)
 
-    def _names_a_module(self, value: cst.BaseExpression, names: list[str]) -> bool:
+    def _names_a_module(self, value: cst.BaseExpression, targets) -> bool:
         """`device = "cuda"` read by `getattr(torch, device)`: the string names torch.cuda;
         'xla' would name nothing. Left as it is, for a person."""
-        used = [n for n in names if n in attribute_names(self.ctx)]
+        used = [t for t in targets if self.ctx.values.used_as_attribute_name(t)]
         if used:
-            self.ctx.report(self.rule, value, self.say("attribute_name", name=used[0],
-                                                       value=self.ctx.code(value)),
-                            applied=False, fix=FixKind.NONE)
+            self.ctx.report(self.rule, value, self.say(
+                "attribute_name", name=self.ctx.short(used[0]), value=self.ctx.code(value)),
+                applied=False, fix=FixKind.NONE)
         return bool(used)
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
@@ -275,11 +275,12 @@ class CudaDevice(Transform):
         return self._assigned_string([original.target], original.value, updated)
 
     def leave_Param(self, original: cst.Param, updated: cst.Param):
-        if original.default is None or "device" not in original.name.value.lower():
+        if original.default is None or not is_cuda_device_string(original.default):
             return None
-        if not is_cuda_device_string(original.default):
+        if not holds_a_device_string(self.ctx, original.name) or not \
+                self.ctx.values.used_as_device_string(original.name):
             return None
-        if self._names_a_module(original.default, [original.name.value]):
+        if self._names_a_module(original.default, [original.name]):
             return None
         new_default = self._string_to_xla(original.default, self.say("in_parameter"))
         return None if new_default is None else updated.with_changes(default=new_default)
@@ -349,20 +350,15 @@ class CudaMethod(Transform):
         device, CPU included, and transformers' `to()` calls it so), and `.to(xla)` would not
         do what it does. A class of this file or a relative import is taken for a Module."""
         name = dotted(receiver)
-        if name is None or "isinstance" not in self.ctx.scope_text():
+        if name is None:
             return None
-        test = re.compile(rf"isinstance\(\s*{re.escape(name)}\s*,\s*\(?([\w.,\s]+)\)?\)")
-        for match in test.finditer(self.ctx.scope_text()):
-            for cls in filter(None, (c.strip() for c in match.group(1).split(","))):
-                root, _, rest = cls.partition(".")
-                full = self.ctx.aliases.get(root)  # `HQQLinear` -> hqq.core.quantize.HQQLinear
-                if full is not None and full.split(".")[0] not in ("torch", "torchvision"):
-                    # the module it comes from: hqq.core.quantize; `bnb.nn.X` -> bitsandbytes
-                    return cls, full if rest else full.rpartition(".")[0] or full
+        for cls in _isinstance_classes(self.ctx, name):
+            root, _, rest = cls.partition(".")
+            full = self.ctx.aliases.get(root)  # `HQQLinear` -> hqq.core.quantize.HQQLinear
+            if full is not None and full.split(".")[0] not in ("torch", "torchvision"):
+                # the module it comes from: hqq.core.quantize; `bnb.nn.X` -> bitsandbytes
+                return cls, full if rest else full.rpartition(".")[0] or full
         return None
-
-
-_ASSIGNS_IS_CUDA = re.compile(r"([\w.]+)\.is_cuda\s*(?::[^=\n]+)?=(?!=)")
 
 
 class _IsCudaChecks(cst.CSTVisitor):
@@ -401,8 +397,7 @@ class IsCuda(Transform):
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
         if original.attr.value != "is_cuda" or self.ctx.qualify(original.value):
             return None
-        owners = self.ctx.memo("is_cuda_owners", lambda: set(_ASSIGNS_IS_CUDA.findall(self.ctx.source)))
-        if self.ctx.code(original.value) in owners:
+        if self.ctx.code(original) in self.ctx.values.attribute_targets:
             return None  # `self.is_cuda = ...`: the object's own flag, not Tensor.is_cuda
         choice = self.choices.pop(id(original), None)
         if choice is not None:
@@ -432,19 +427,34 @@ class DeviceTypeComparison(Transform):
 
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
-        self.assigned: list[list[str]] = []
+        self.assigned: list[list[cst.BaseExpression]] = []
+        self.fused_args = 0  # inside a `fused=` argument
 
     def visit_Assign(self, node: cst.Assign):
-        self.assigned.append([terminal_name(t.target).lower() for t in node.targets])
+        self.assigned.append([t.target for t in node.targets])
 
     def leave_Assign(self, original, updated):
         self.assigned.pop()
         return None
 
+    def visit_Arg(self, node: cst.Arg):
+        if node.keyword is not None and node.keyword.value == "fused":
+            self.fused_args += 1
+
+    def leave_Arg(self, original, updated):
+        if original.keyword is not None and original.keyword.value == "fused":
+            self.fused_args -= 1
+        return None
+
+    def _picks_fused_kernels(self) -> bool:
+        """`use_fused = device_type == 'cuda'` given as `fused=use_fused`: fused optimizers are
+        CUDA kernels, which XLA does not have (it fuses the update itself): the check must
+        stay False."""
+        return bool(self.fused_args) or any(
+            self.ctx.values.given_as(t, "fused") for targets in self.assigned for t in targets)
+
     def leave_Comparison(self, original: cst.Comparison, updated: cst.Comparison):
-        if any("fused" in name for names in self.assigned for name in names):
-            # `use_fused = device_type == 'cuda'`: fused optimizers are CUDA kernels, which
-            # XLA does not have (it fuses the update itself): the check must stay False.
+        if self._picks_fused_kernels():
             return None
         left_old, left_new = original.left, updated.left
         new_left = left_new
@@ -456,10 +466,8 @@ class DeviceTypeComparison(Transform):
                 continue
             pairs = ((left_old, old.comparator, "left"), (old.comparator, left_old, "right"))
             for literal, other, side in pairs:
-                if string_value(literal) != "cuda" or not names_a_device(other):
-                    continue
-                if terminal_name(other) in attribute_names(self.ctx):
-                    continue  # it keeps its "cuda" (a module name): so does the comparison
+                if string_value(literal) != "cuda" or not holds_a_device_string(self.ctx, other):
+                    continue  # a backend, or an attribute name that keeps its "cuda"
                 if self.library_keeps_cuda_check(literal, original):
                     continue
                 replacement = self.fix_or_report(
@@ -482,12 +490,10 @@ class DeviceTypeComparison(Transform):
         # `device.startswith("cuda")` (build-nanogpt's device_type): a comparison by method
         func = original.func
         if not (isinstance(func, cst.Attribute) and func.attr.value == "startswith"
-                and len(original.args) == 1 and names_a_device(func.value)):
+                and len(original.args) == 1 and holds_a_device_string(self.ctx, func.value)):
             return None
         literal = original.args[0].value
         if string_value(literal) not in ("cuda", "cuda:"):
-            return None
-        if terminal_name(func.value) in attribute_names(self.ctx):
             return None
         if self.library_keeps_cuda_check(literal, original):
             return None
@@ -504,9 +510,12 @@ class DeviceTypeComparison(Transform):
         return device_string(self.ctx, literal)
 
 
-_WORKER_INIT = re.compile(r"worker_init|init_worker|seed_worker|worker_seed", re.I)
 _FORKS_RNG = ("torch.random.fork_rng",)
-_SEEDS_XLA = re.compile(r"cuda\.manual_seed|torch_xla\.manual_seed|set_rng_state")
+# The calls that seed the device's generator already: a file that makes one needs no other.
+_SEEDS_DEVICE = frozenset({"torch.cuda.manual_seed", "torch.cuda.manual_seed_all",
+                           "torch_xla.manual_seed", "torch_xla.core.xla_model.set_rng_state",
+                           "torch.cuda.set_rng_state", "torch.cuda.set_rng_state_all",
+                           "torch.set_rng_state"})
 
 
 @transform("TPU118")
@@ -533,7 +542,7 @@ class SeedXla(Transform):
         if not (isinstance(call, cst.Call) and call.args
                 and self.ctx.qualify(call.func) == "torch.manual_seed"):
             return None
-        if self.ctx.memo("seeds_xla", lambda: bool(_SEEDS_XLA.search(self.ctx.source))):
+        if self.ctx.memo("seeds_xla", lambda: self.ctx.values.calls_any(_SEEDS_DEVICE)):
             return None
         if id(original) in self.in_fork:
             # peft's incremental PCA: fork_rng restores torch's generators when the block
@@ -541,8 +550,8 @@ class SeedXla(Transform):
             self.ctx.report(self.rule, original, self.say("in_fork", code=self.ctx.short(call)),
                             False, fix=FixKind.NONE, severity=Severity.INFO)
             return None
-        if any(_WORKER_INIT.search(f.name.value) for f in self.ctx.functions
-               if isinstance(f, cst.FunctionDef)):
+        workers = self.ctx.values.worker_init_functions()
+        if any(id(f) in workers for f in self.ctx.functions):
             return None  # a DataLoader worker's init: the XLA runtime must not start there
         if self.ctx.library_code:
             # transformers' serving seeds each request, on whatever device its model is: a
@@ -558,3 +567,25 @@ class SeedXla(Transform):
             return cst.FlattenSentinel([updated, line])
 
         return self.fix_or_report(original, self.say("seed", code=self.ctx.short(call)), build)
+
+
+def _isinstance_classes(ctx, name: str) -> list[str]:
+    """The classes `isinstance(NAME, C)` tests in the enclosing function (or module) test
+    `name` against, as written (`HQQLinear`, `bnb.nn.Linear4bit`): from its code, not its
+    comments."""
+    scope = ctx.functions[-1] if ctx.functions else ctx.module
+
+    def compute() -> list[tuple[str, str]]:
+        found = []
+        for node in walk(scope):
+            if isinstance(node, cst.Call) and dotted(node.func) == "isinstance" \
+                    and len(node.args) == 2:
+                tested = dotted(node.args[0].value)
+                types = node.args[1].value
+                elements = [e.value for e in types.elements] if isinstance(
+                    types, (cst.Tuple, cst.List)) else [types]
+                found += [(tested, dotted(e)) for e in elements if dotted(e)]
+        return found
+
+    return [cls for tested, cls in ctx.memo(("isinstance_tests", id(scope)), compute)
+            if tested == name]

@@ -22,11 +22,11 @@ from tpukit.migrate.context import (
     keyword_arg,
     plain_positional,
     string_value,
-    terminal_name,
     with_commas,
     with_string,
 )
-from tpukit.migrate.nodes import first
+from tpukit.migrate.analysis import catalog as K
+from tpukit.migrate.nodes import first, walk
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
 from tpukit.migrate.transforms.ddp_inputs import ForwardInputs
 from tpukit.migrate.transforms.devices import AVAILABILITY
@@ -41,27 +41,17 @@ SAMPLER_NAMES = {"torch.utils.data.distributed.DistributedSampler",
                  "torch.utils.data.DistributedSampler"}
 RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT")
 INPUTS_HELPER = "_inputs_to_device"  # helpers.py: moves a DDP model's forward inputs
-# Names that hold a process's rank (used as a CUDA device index) in DDP code.
-RANK_NAMES = {"rank", "local_rank", "global_rank", "gpu_id", "gpu", "device_id", "local_gpu"}
-WORLD_NAMES = {"world_size", "world", "nprocs", "ngpus", "n_gpus", "num_gpus", "ngpus_per_node"}
-_GROUP_SPLAT = re.compile(r"init_process_group\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\*")
 _NCCL_BACKEND = re.compile(r"^(?:nccl|cuda:nccl(?:,cpu:gloo)?|cpu:gloo,cuda:nccl)$")
 DEFAULT_BACKEND = "torch.distributed.get_default_backend_for_device"
-_OTHER_LAUNCHER = re.compile(r"\b(?:OMPI_COMM_WORLD_\w+|PMI_(?:RANK|SIZE)|PMIX_RANK|SLURM_(?:PROCID|"
-                            r"NTASKS|LOCALID)|MV2_COMM_WORLD_\w+)\b")
-_INIT_GROUP = re.compile(r"\binit_process_group\(")
-_OWN_STORE = re.compile(r"init_process_group\((?:[^()]|\([^()]*\))*\bstore\s*=")
+# Other launchers' variables: a function that reads them has its ranks from that launcher.
+_OTHER_LAUNCHER_ENV = re.compile(r"^(?:OMPI_COMM_WORLD_\w+|PMI_(?:RANK|SIZE)|PMIX_RANK|"
+                                 r"SLURM_(?:PROCID|NTASKS|LOCALID)|MV2_COMM_WORLD_\w+)$")
 _CUDA_OR_CPU_BACKEND = re.compile(r"\b(?:nccl|gloo)\b")  # "nccl", "cuda:nccl,cpu:gloo"
-# Backend names as strings: a scope that writes several picks the backend at run time, for the
-# device it finds (transformers' tensor parallelism: {"cuda": "nccl", "cpu": "gloo", ...}).
-_BACKEND_NAMES = re.compile(r"""["'](nccl|gloo|mpi|ccl|xccl|hccl|ucc)["']""")
+# Backend names: a scope that writes several picks the backend at run time, for the device it
+# finds (transformers' tensor parallelism: {"cuda": "nccl", "cpu": "gloo", ...}).
+_BACKEND_NAMES = frozenset({"nccl", "gloo", "mpi", "ccl", "xccl", "hccl", "ucc"})
 DEVICE_INDEX_KEYWORDS = ("device", "device_id", "output_device")
 COMPILE_MODES_WITHOUT_MEANING = {"reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}
-_RANK_ASSIGN = re.compile(
-    r"(\w+)\s*=\s*(?:int\(\s*os\.environ\[\s*['\"](?:LOCAL_RANK|RANK)['\"]\s*\]\s*\)"
-    r"|(?:\w+\.)*get_rank\(\)|xr\.(?:local|global)_ordinal\(\))")
-_SPAWNED = re.compile(r"\b(?:spawn|launch)\(\s*(\w+)")
-_DATA_PARALLEL_ASSIGN = re.compile(r"([\w.]+)\s*=\s*(?:[\w.]+\.)?(?<!Distributed)DataParallel\(")
 
 
 def env_key(ctx, expr: cst.BaseExpression) -> tuple[str | None, bool]:
@@ -76,20 +66,53 @@ def env_key(ctx, expr: cst.BaseExpression) -> tuple[str | None, bool]:
     return None, False
 
 
-def file_rank_names(source: str) -> set[str]:
-    """Names this file gives the rank: assigned from torchrun's variables or get_rank(), and
-    the first parameter of a spawned function."""
-    names = {m.group(1) for m in _RANK_ASSIGN.finditer(source)}
-    for fn in _SPAWNED.findall(source):
-        match = re.search(rf"def {re.escape(fn)}\(\s*(\w+)", source)
-        if match:
-            names.add(match.group(1))
-    return names
+class ScopeFacts:
+    """What one function (or the module's top level) does for its process group, read from its
+    code once: its init_process_group calls (with a store of its own?), the backend names its
+    strings hold, and whether it reads another launcher's variables."""
+
+    def __init__(self, ctx, scope: cst.CSTNode) -> None:
+        self.calls_group = self.own_store = self.other_launcher = False
+        self.backend_names: set[str] = set()
+        values = ctx.values
+        for node in walk(scope):
+            if isinstance(node, cst.Call) and values.qualified(node.func) == INIT_PROCESS_GROUP:
+                self.calls_group = True
+                self.own_store = self.own_store or find_keyword(node, "store") is not None
+            elif isinstance(node, cst.SimpleString):
+                value = string_value(node)
+                if value in _BACKEND_NAMES:
+                    self.backend_names.add(value)
+                elif value is not None and _OTHER_LAUNCHER_ENV.match(value):
+                    self.other_launcher = True
 
 
-def rank_names(ctx) -> set[str]:
-    """Names that hold the process's rank in this file: the usual names and the file's own."""
-    return ctx.memo("rank_names", lambda: set(RANK_NAMES) | file_rank_names(ctx.source))
+def scope_facts(ctx) -> ScopeFacts:
+    scope = ctx.functions[-1] if ctx.functions else ctx.module
+    return ctx.memo(("group_facts", id(scope)), lambda: ScopeFacts(ctx, scope))
+
+
+def _group_calls(ctx) -> list[cst.Call]:
+    return ctx.memo("group_calls", lambda: [
+        call for call, _ in ctx.values.calls
+        if ctx.values.qualified(call.func) == INIT_PROCESS_GROUP])
+
+
+def spawned_functions(ctx) -> dict[int, cst.Call]:
+    """id() of the file's functions that `mp.spawn`/`torch_xla.launch` start -> the call."""
+    def compute() -> dict[int, cst.Call]:
+        found = {}
+        values = ctx.values
+        for call, _ in values.calls:
+            if values.qualified(call.func) in SPAWN_NAMES | {"torch_xla.launch"} and call.args \
+                    and isinstance(call.args[0].value, cst.Name):
+                for b in values.bindings(call.args[0].value):
+                    node = getattr(b, "node", None)
+                    if isinstance(node, cst.FunctionDef):
+                        found[id(node)] = call
+        return found
+
+    return ctx.memo("spawned_functions", compute)
 
 
 @transform("TPU401")
@@ -168,6 +191,7 @@ class ProcessGroup(Transform):
         super().__init__(rule, ctx)
         self.backend_only: dict[cst.Call, tuple[str, int | None]] = {}
         self.cuda_tests: list[bool] = []  # the enclosing if/else tests: CUDA availability?
+        self.assigned_strings: set[int] = set()  # id() of literals an assignment sets
 
     def _given_by_caller(self, backend: cst.Arg | None) -> str | None:
         """The name of the library function (a package module's) whose parameter the backend
@@ -209,7 +233,7 @@ class ProcessGroup(Transform):
         """`name` holds a process-group backend (its name says so) and `value` writes "nccl":
         the setting becomes the TPU's backend, wherever init_process_group reads it (here, or
         in the script that imports this module or parses this argument)."""
-        if "backend" not in name.lower() or not self.mapping or "nccl" not in self.ctx.code(value):
+        if not self.mapping or "nccl" not in self.ctx.code(value):
             return None
         backend = self.mapping.get("backend", "xla")
         swap = _NcclLiterals(backend)
@@ -259,17 +283,20 @@ class ProcessGroup(Transform):
         """`backend = "nccl"`: the literal itself (the setting's other parts stay as written)."""
         if any(self.cuda_tests) or _chosen_at_run_time(self.ctx):
             return None  # ... or one entry of a per-device choice (init_process_group says why)
+        # a variable set to NCCL's name holds the backend, whatever it is called and wherever
+        # it is read (here, through an option whose default it is, in another module)
         targets = self.ctx.assign_targets[-1] if self.ctx.assign_targets else ()
-        name = next((t for t in targets if "backend" in t.lower()), None)
-        if name is None:
+        target = next(iter(targets), None)
+        if target is None or id(original) not in self.assigned_strings:
             return None
+        name = self.ctx.short(target)
         return self._nccl_setting(original, name, updated, lambda v: v,
                                   self.say("set_in", name=name))
 
     def leave_AnnAssign(self, original: cst.AnnAssign, updated: cst.AnnAssign):
         if updated.value is None:
             return None
-        return self._nccl_setting(original, terminal_name(original.target),
+        return self._nccl_setting(original, self.ctx.short(original.target),
                                   updated.value, lambda v: updated.with_changes(value=v))
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
@@ -277,7 +304,8 @@ class ProcessGroup(Transform):
         if planned is not None or not (isinstance(original.func, cst.Attribute)
                                        and original.func.attr.value == "add_argument"):
             return planned
-        # parser.add_argument("--backend", default="nccl"): the option's default
+        # parser.add_argument("--backend", default="nccl"): the option's default, where the
+        # program gives the option to init_process_group
         flag = next((string_value(a.value) for a in original.args if a.keyword is None
                      and (string_value(a.value) or "").startswith("--")), None)
         default = find_keyword(updated, "default")
@@ -297,7 +325,11 @@ class ProcessGroup(Transform):
 
     def visit_Assign(self, node: cst.Assign):
         """`os.environ["MASTER_PORT"] = "12355"`: set-up only the CUDA process group needed."""
-        if len(node.targets) != 1 or "init_process_group" not in self.ctx.source:
+        value = node.value
+        # the value itself, or one side of a choice (`"nccl" if cuda else "gloo"`)
+        choices = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
+        self.assigned_strings.update(id(c) for c in choices if isinstance(c, cst.SimpleString))
+        if len(node.targets) != 1 or not _group_calls(self.ctx):
             return None
         key, _ = env_key(self.ctx, node.targets[0].target)
         return self._remove_rendezvous(node, key)
@@ -305,14 +337,14 @@ class ProcessGroup(Transform):
     def visit_Expr(self, node: cst.Expr):
         call = node.value
         if (isinstance(call, cst.Call) and self.ctx.qualify(call.func) == "os.environ.setdefault"
-                and call.args and "init_process_group" in self.ctx.source):
+                and call.args and _group_calls(self.ctx)):
             return self._remove_rendezvous(call, string_value(call.args[0].value))
         return None
 
     def _remove_rendezvous(self, node: cst.CSTNode, key: str | None):
         if key not in RENDEZVOUS_ENV or self.mapping.get("rendezvous_env") == "keep":
             return None
-        if self.ctx.memo("group_splat", lambda: bool(_GROUP_SPLAT.search(self.ctx.source))):
+        if any(a.star for call in _group_calls(self.ctx) for a in call.args):
             return None  # a group whose splat keeps its init_method (env://) needs them
         if not self.ctx.memo("xla_group", lambda: _ported_group_call(self.ctx)):
             # deepspeed's mpi_discovery sets them for a group made elsewhere (env://): only
@@ -337,7 +369,7 @@ def _chosen_at_run_time(ctx) -> bool:
     """Does the enclosing function (or the module) name another vendor's backend beside NCCL
     (xccl, hccl, ccl, mpi, ucc): a backend chosen for whichever device it finds? (NCCL or gloo
     alone is the CUDA-or-CPU choice the port makes: `"nccl" if cuda else "gloo"`.)"""
-    named = set(_BACKEND_NAMES.findall(ctx.scope_text()))
+    named = scope_facts(ctx).backend_names
     return "nccl" in named and bool(named - {"nccl", "gloo"})
 
 
@@ -477,12 +509,8 @@ class DistributedDataParallelArgs(Transform):
 @transform("TPU403")
 class DataParallel(Transform):
     def statement_triggers(self, source: str) -> set[str]:
-        module = {".module"} if _DATA_PARALLEL_ASSIGN.search(source) else set()
-        return super().statement_triggers(source) | module
-
-    def _wrapped_names(self) -> set[str]:
-        return self.ctx.memo("data_parallel_names",
-                             lambda: set(_DATA_PARALLEL_ASSIGN.findall(self.ctx.source)))
+        wrapped = self.ctx.values.names_of({K.DATA_PARALLEL})
+        return super().statement_triggers(source) | ({".module"} if wrapped else set())
 
     def _message(self, node) -> str:
         return self.say("wrapper", code=self.ctx.short(node))
@@ -505,16 +533,11 @@ class DataParallel(Transform):
 
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
         """`model.module` of a model that was wrapped in DataParallel is the model itself."""
-        if original.attr.value != "module" or "DataParallel" not in self.ctx.source:
+        if original.attr.value != "module":
             return None
-        if self.ctx.code(original.value) not in self._wrapped_names():
-            return None
-        scope = self.ctx.scope_text()  # one string per scope (memoized): a cheap memo key
-        if self.ctx.library_code and self.ctx.code(original.value) not in self.ctx.memo(
-                ("data_parallel_in_scope", scope),
-                lambda: set(_DATA_PARALLEL_ASSIGN.findall(scope))):
-            # library code: a method's own `model` (transformers' Trainer._save_tpu, where
-            # `model.module.module` unwraps XLA FSDP) is not the one another method wrapped
+        # a model the dataflow says DataParallel wrapped (a method's own `model` parameter is
+        # another variable than the one another method wrapped)
+        if K.DATA_PARALLEL not in self.ctx.values.kinds(original.value):
             return None
         if not self.ctx.can_fix(self.rule):
             return None
@@ -525,7 +548,9 @@ class DataParallel(Transform):
 class SpawnLaunch(Transform):
     def statement_triggers(self, source: str) -> set[str]:
         # the spawned function's own statement
-        return super().statement_triggers(source) | set(_SPAWNED.findall(source))
+        return super().statement_triggers(source) | {
+            node.name.value for node in walk(self.ctx.module)
+            if isinstance(node, cst.FunctionDef) and id(node) in spawned_functions(self.ctx)}
 
     def _spawn_statement(self, node, call: cst.BaseExpression):
         """TorchTPU: `mp.spawn` stays; the parent sets TorchTPU's launch environment first."""
@@ -582,12 +607,11 @@ class SpawnLaunch(Transform):
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):
         """In the spawned function, a world-size parameter is the launcher's guess (it cannot ask
         the runtime): take the real one from torch_xla."""
-        spawned = self.ctx.memo("spawned", lambda: set(_SPAWNED.findall(self.ctx.source)))
-        if (original.name.value not in spawned or not self.ctx.can_fix(self.rule)
+        call = spawned_functions(self.ctx).get(id(original))
+        if (call is None or not self.ctx.can_fix(self.rule)
                 or "world_size" not in self.mapping or self.ctx.library_code):
             return None
-        params = [p.name.value for p in original.params.params]
-        world = next((p for p in params[1:] if p in WORLD_NAMES), None)
+        world = _world_parameter(self.ctx, original, call)
         if world is None or not isinstance(updated.body, cst.IndentedBlock):
             return None
         line = self.ctx.statement(f"{world} = {self.mapping['world_size']}")
@@ -601,6 +625,27 @@ class SpawnLaunch(Transform):
         return updated.with_changes(body=updated.body.with_changes(body=body))
 
 
+def _world_parameter(ctx, function: cst.FunctionDef, call: cst.Call) -> str | None:
+    """The parameter of a spawned function that gets the number of processes: the element of
+    `args=(...)` that is what `nprocs` is (or a world size or GPU count), at its place after
+    the process index."""
+    positional = [a for a in call.args if a.keyword is None]
+    given = find_keyword(call, "args") or (positional[1] if len(positional) > 1 else None)
+    nprocs = find_keyword(call, "nprocs") or (positional[2] if len(positional) > 2 else None)
+    if given is None or not isinstance(given.value, (cst.Tuple, cst.List)):
+        return None
+    values = ctx.values
+    count = values.symbol(nprocs.value) if nprocs is not None else None
+    params = [p.name.value for p in function.params.params]
+    for i, element in enumerate(given.value.elements):
+        value = element.value
+        same = nprocs is not None and (values.symbol(value) == count if count is not None
+                                       else ctx.code(value) == ctx.code(nprocs.value))
+        if same or values.kinds(value) & {K.WORLD, K.GPU_COUNT}:
+            return params[i + 1] if i + 1 < len(params) else None
+    return None
+
+
 def _is_docstring(stmt: cst.CSTNode) -> bool:
     return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
             and isinstance(stmt.body[0], cst.Expr)
@@ -612,9 +657,9 @@ class TorchrunRanks(Transform):
     reads_device_facts = True
 
     def statement_triggers(self, source: str) -> set[str]:
-        """`.to(NAME` and `device(NAME` for the rank names this file assigns or spawns with."""
+        """`.to(NAME` and `device(NAME` for the variables that hold a rank in this file."""
         return super().statement_triggers(source) | {
-            f"{prefix}{name}" for name in file_rank_names(source)
+            f"{prefix}{name}" for name in self.ctx.values.names_of({K.RANK})
             for prefix in (".to(", "device(", ".to(self.")}
 
     def __init__(self, rule, ctx) -> None:
@@ -633,8 +678,9 @@ class TorchrunRanks(Transform):
                 # is), or reads another launcher's numbers (mpirun's OMPI_*, SLURM's, PMI's:
                 # deepspeed's mpi_discovery; xr.world_size() is 1 outside torch_xla's launch):
                 # its RANK / WORLD_SIZE are that launcher's, not torch_xla's.
-                if self._scope_says(_OWN_STORE) or self._scope_says(_OTHER_LAUNCHER) or (
-                        self._scope_says(_INIT_GROUP) and _chosen_at_run_time(self.ctx)):
+                facts = scope_facts(self.ctx)
+                if facts.own_store or facts.other_launcher or (
+                        facts.calls_group and _chosen_at_run_time(self.ctx)):
                     return None  # ... or they go to a group TPU401 leaves (its backend chosen)
                 if id(node) in self.device_values:
                     return self._rank_device(node, node, is_to=False)
@@ -653,13 +699,9 @@ class TorchrunRanks(Transform):
         is_to = isinstance(node.func, cst.Attribute) and node.func.attr.value == "to"
         if (is_to or name == "torch.device") and len(node.args) == 1 and node.args[0].keyword is None:
             value = node.args[0].value
-            if isinstance(value, (cst.Name, cst.Attribute)) and terminal_name(value) in rank_names(self.ctx):
+            if isinstance(value, (cst.Name, cst.Attribute)) and K.RANK in self.ctx.values.kinds(value):
                 return self._rank_device(node, value, is_to)
         return None
-
-    def _scope_says(self, pattern: re.Pattern) -> bool:
-        """Does the enclosing function (or the module's text) match `pattern`?"""
-        return bool(pattern.search(self.ctx.scope_text()))
 
     def _replace(self, node: cst.Call, key: str):
         new = self.mapping["env"][key]
@@ -704,14 +746,14 @@ class SamplerReplicas(Transform):
         # xla backend (timm's loader): set it only where the file starts processes and makes
         # no group (xmp.spawn with no torch.distributed, where the default would raise).
         launches = self.ctx.memo("launches", lambda: bool(LAUNCH_CALL.search(self.ctx.source)))
-        no_group = "init_process_group" not in self.ctx.source
+        no_group = not _group_calls(self.ctx)
         replace = {}
         for index, arg in ((1, replicas), (2, rank)):
             if arg is None or (isinstance(arg.value, cst.Name) and arg.value.value == "None"):
                 replace[index] = launches and no_group  # None is the default
             else:
-                code = self.ctx.code(arg.value)
-                replace[index] = "cuda" in code or (launches and isinstance(arg.value, cst.Name))
+                replace[index] = self.ctx.values.derives_from(arg.value, K.GPU_COUNT) or (
+                    launches and isinstance(arg.value, cst.Name))
         if not any(replace.values()):
             return None
 
@@ -793,43 +835,6 @@ class CompileBackend(Transform):
 
 # The optimizers TPU409 steps with `xm.optimizer_step`: torch.optim's classes, not its
 # schedulers (`scheduler.step()` is no optimizer step) or SWA's averaged models.
-_OPTIMIZER_PREFIX = "torch.optim."
-_NOT_OPTIMIZERS = ("torch.optim.lr_scheduler.", "torch.optim.swa_utils.")
-
-
-class _MultiProcessFacts(cst.CSTVisitor):
-    """What TPU409 needs to know about the file's code (its comments and strings say nothing):
-    the names its code uses, the names it calls, and the names bound to a torch.optim
-    optimizer, matched by qualified name (`th.optim.SGD`, `from torch.optim import SGD`)."""
-
-    def __init__(self, ctx) -> None:
-        self.ctx = ctx
-        self.names: set[str] = set()
-        self.called: set[str] = set()
-        self.optimizers: set[str] = set()
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.names.add(node.value)
-
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        self.names.add(node.attr.value)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.called.add(terminal_name(node.func))
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        if self._is_optimizer(node.value):
-            self.optimizers.update(terminal_name(t.target) for t in node.targets)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if node.value is not None and self._is_optimizer(node.value):
-            self.optimizers.add(terminal_name(node.target))
-
-    def _is_optimizer(self, value: cst.BaseExpression) -> bool:
-        if not isinstance(value, cst.Call):
-            return False
-        name = self.ctx.resolve(value.func) or ""
-        return name.startswith(_OPTIMIZER_PREFIX) and not name.startswith(_NOT_OPTIMIZERS)
 
 
 @transform("TPU409")
@@ -837,19 +842,11 @@ class OptimizerStepWithoutDdp(Transform):
     """Several processes and no DDP: gradients must be averaged across them, which
     `xm.optimizer_step` does before the step."""
 
-    def _facts(self) -> _MultiProcessFacts:
-        def compute() -> _MultiProcessFacts:
-            facts = _MultiProcessFacts(self.ctx)
-            self.ctx.module.visit(facts)
-            return facts
-        return self.ctx.memo("multi_process_facts", compute)
-
     def _applies(self) -> bool:
         def compute() -> bool:
-            facts = self._facts()
-            multi = "init_process_group" in facts.names or bool(_SPAWNED.search(self.ctx.source))
-            ddp = "DistributedDataParallel" in facts.names or "DDP" in facts.called
-            return multi and not ddp
+            values = self.ctx.values
+            multi = bool(_group_calls(self.ctx)) or bool(spawned_functions(self.ctx))
+            return multi and not values.calls_any(DDP_NAMES)
         return self.ctx.memo("optimizer_step_without_ddp", compute)
 
     def visit_Expr(self, node: cst.Expr):
@@ -859,7 +856,7 @@ class OptimizerStepWithoutDdp(Transform):
                 and isinstance(call.func.value, cst.Name) and self._applies()):
             return None
         name = call.func.value.value
-        if name not in self._facts().optimizers:
+        if K.OPTIMIZER not in self.ctx.values.kinds(call.func.value):
             return None
         return self.fix_or_report(
             call, self.say("step", code=self.ctx.short(call), name=name),
@@ -869,7 +866,8 @@ class OptimizerStepWithoutDdp(Transform):
         """A hand-written gradient all-reduce: xm.optimizer_step already does it."""
         if self.ctx.qualify(node.func) != "torch.distributed.all_reduce" or not self._applies():
             return None
-        if not node.args or "grad" not in self.ctx.code(node.args[0].value):
+        if not node.args or not first(node.args[0].value, lambda n: isinstance(
+                n, cst.Attribute) and n.attr.value == "grad"):
             return None
         self.ctx.report(self.rule, node, self.say("all_reduce", code=self.ctx.short(node)),
                         applied=False, fix=None)

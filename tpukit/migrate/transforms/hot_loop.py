@@ -6,28 +6,21 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tpukit.migrate.transforms.host_values import host_bound
+from tpukit.migrate.transforms.host_values import host_value
 from tpukit.findings import FixKind
 
-from tpukit.migrate.context import dotted, integer_value, terminal_name
+from tpukit.migrate.analysis import catalog as K
+from tpukit.migrate.context import dotted, terminal_name
 from tpukit.migrate.transforms.base import Transform, transform
 from tpukit.migrate.transforms.loops import HOST_READS, find_steps, loader_in_iter
 
-TENSORISH = ("loss", "acc", "correct", "pred", "logit", "output", "out", "norm", "score")
 LOGGERS = ("print", "info", "debug", "warning", "log")
 
 
-# A flag's name (`use_accel`, `is_accum_step`, `has_loss`): a Python bool, whatever its words.
-FLAG_PREFIXES = ("use_", "is_", "has_", "no_", "do_", "should_", "enable_", "with_")
-
-
-def _tensorish(expr: cst.BaseExpression) -> bool:
-    name = terminal_name(expr).lower()
-    if isinstance(expr, cst.Subscript):
-        name = terminal_name(expr.value).lower()
-    if name.startswith(FLAG_PREFIXES) or name.endswith(("_enabled", "_flag")):
-        return False
-    return any(word in name for word in TENSORISH)
+def _tensor(ctx, expr: cst.BaseExpression) -> bool:
+    """Does `expr` hold a tensor, by where its value comes from (a model's output, a torch
+    op) or what is done with it (`loss.backward()`)? A flag (`args.norm_adv`) does not."""
+    return K.TENSOR in ctx.values.kinds(expr)
 
 
 @transform("TPU501")
@@ -40,10 +33,16 @@ class HostSyncInLoop(Transform):
         self.depth = 0
         self.loops: list[bool] = []
 
+    def statement_triggers(self, source: str) -> set[str]:
+        # a training loop: over a loader (whatever it is called), or stepping, or backward
+        return super().statement_triggers(source) | self.ctx.values.names_of({K.LOADER}) | {
+            ".backward(", ".step(", "optimizer_step("}
+
     def _training(self, node) -> bool:
-        if isinstance(node, cst.For) and loader_in_iter(self.ctx, node.iter):
+        if isinstance(node, cst.For) and loader_in_iter(self.ctx, node):
             return True
-        return bool(find_steps(self.ctx, node).step_lines)
+        steps = find_steps(self.ctx, node)
+        return bool(steps.step_lines) or steps.backward is not None
 
     def visit_For(self, node):
         training = self._training(node)
@@ -74,15 +73,17 @@ class HostSyncInLoop(Transform):
             if not self.ctx.qualify(func.value):
                 self._report(original, self.say("copies"))
         elif isinstance(func, cst.Name) and func.value in ("float", "int") and len(original.args) == 1:
-            if _tensorish(original.args[0].value):
+            if _tensor(self.ctx, original.args[0].value):
                 self._report(original, self.say("reads"))
         elif isinstance(func, cst.Name) and func.value == "print":
-            if any(isinstance(a.value, (cst.Name, cst.Attribute)) and _tensorish(a.value) for a in original.args):
+            if any(isinstance(a.value, (cst.Name, cst.Attribute)) and _tensor(self.ctx, a.value)
+                   for a in original.args):
                 self._report(original, self.say("prints"))
         return None
 
     def leave_If(self, original: cst.If, updated: cst.If):
-        if self.depth and isinstance(original.test, (cst.Name, cst.Attribute)) and _tensorish(original.test):
+        if self.depth and isinstance(original.test, (cst.Name, cst.Attribute)) \
+                and _tensor(self.ctx, original.test):
             self._report(original.test, self.say("tests"))
         return None
 
@@ -154,7 +155,7 @@ class DataDependentShape(Transform):
             return None
         # a NumPy array (`mm = np.zeros_like(ids); mm[ids == k] = 1`) has no masked_fill_
         names = [n for n in (target.value, mask.left) if isinstance(n, cst.Name)]
-        if any(host_bound(self.ctx, n.value) for n in names):
+        if any(host_value(self.ctx, n) for n in names):
             return None
         return target if _scalar(node.value) else None
 
@@ -196,8 +197,9 @@ class DataDependentShape(Transform):
         if len(original.slice) != 1 or not isinstance(original.slice[0].slice, cst.Index):
             return None
         index = original.slice[0].slice.value
+        # a comparison, or a variable the dataflow says holds a boolean tensor
         boolean = isinstance(index, cst.Comparison) or (
-            isinstance(index, (cst.Name, cst.Attribute)) and "mask" in terminal_name(index).lower())
+            isinstance(index, (cst.Name, cst.Attribute)) and K.BOOL in self.ctx.values.kinds(index))
         if boolean:
             self.ctx.report(self.rule, original,
                             self.say("masked_index", code=self.ctx.short(original)),
@@ -212,7 +214,6 @@ class DynamicPadding(Transform):
 
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
-        self.functions: list[str] = []
         self.loops = 0
 
     def visit_For(self, node):
@@ -245,17 +246,13 @@ class DynamicPadding(Transform):
                             applied=False)
         return None
 
-    def visit_FunctionDef(self, node):
-        self.functions.append(node.name.value)
-
-    def leave_FunctionDef(self, original, updated):
-        self.functions.pop()
-        return None
-
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         name = self.ctx.qualify(original.func) or dotted(original.func) or ""
         padding = name.endswith("pad_sequence") or name.endswith("DataCollatorWithPadding")
-        if padding and (name.endswith("DataCollatorWithPadding") or any("collate" in f for f in self.functions)):
+        # a DataLoader's collate_fn (given as one, whatever it is called) pads each batch
+        collates = self.ctx.values.functions_given_as("collate_fn")
+        if padding and (name.endswith("DataCollatorWithPadding")
+                        or any(id(f) in collates for f in self.ctx.functions)):
             self.ctx.report(self.rule, original, self.say("padding", code=self.ctx.short(original)),
                             applied=False)
         return None
@@ -264,57 +261,43 @@ class DynamicPadding(Transform):
 @transform("TPU504")
 class HeadDim(Transform):
     """Attention head dims that do not fill the TPU's matrix units (128 wide on v5e and older,
-    256 on v6e)."""
+    256 on v6e): the last dimension of the queries given to scaled_dot_product_attention,
+    followed back through `.transpose()`/`.view()` to a constant."""
 
-    NAMES = ("head_dim", "head_size", "d_head", "dim_head", "d_k")
+    ATTENTION = frozenset({"torch.nn.functional.scaled_dot_product_attention"})
+    # Methods whose result keeps the input's last dimension (a transpose of dims 1 and 2).
+    KEEPS_LAST = frozenset({"transpose", "contiguous", "permute", "to", "float", "half",
+                            "bfloat16", "clone"})
 
-    def __init__(self, rule, ctx) -> None:
-        super().__init__(rule, ctx)
-        self.constants: dict[str, int] = {}
-
-    def _remember(self, target, value) -> None:
-        number = integer_value(value)
-        if number is not None:
-            self.constants[terminal_name(target)] = number
-
-    def visit_Assign(self, node: cst.Assign):
-        for t in node.targets:
-            self._remember(t.target, node.value)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign):
-        if node.value is not None:
-            self._remember(node.target, node.value)
-
-    def visit_Param(self, node: cst.Param):
-        if node.default is not None:
-            self._remember(node.name, node.default)
-
-    def _value(self, expr) -> int | None:
-        number = integer_value(expr)
-        return number if number is not None else self.constants.get(terminal_name(expr))
-
-    def _advise(self, node, head_dim: int) -> None:
-        if head_dim % 128 == 0 or head_dim <= 0:
-            return
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        if self.ctx.values.qualified(original.func) not in self.ATTENTION or not original.args:
+            return None
+        head_dim = self._last_dim(original.args[0].value, 0)
+        if head_dim is None or head_dim <= 0 or head_dim % 128 == 0:
+            return None
         padded = -(-head_dim // 128) * 128
-        self.ctx.report(self.rule, node, self.say("head_dim", head_dim=head_dim, padded=padded),
+        self.ctx.report(self.rule, original, self.say("head_dim", head_dim=head_dim, padded=padded),
                         applied=False, head_dim=head_dim)
-
-    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
-        names = [terminal_name(t.target) for t in original.targets]
-        number = integer_value(original.value)
-        if any(n in self.NAMES for n in names) and number is not None:
-            self._advise(original.value, number)
         return None
 
-    def leave_BinaryOperation(self, original: cst.BinaryOperation, updated):
-        if not isinstance(original.operator, (cst.FloorDivide, cst.Divide)):
+    def _last_dim(self, expr: cst.BaseExpression, depth: int) -> int | None:
+        """The constant size of the last dimension of the tensor `expr`, where it is one."""
+        if depth > 8:
             return None
-        left, right = terminal_name(original.left), terminal_name(original.right)
-        if not (("embd" in left or "hidden" in left or "d_model" in left or left == "dim")
-                and "head" in right):
+        if isinstance(expr, cst.Name):
+            values = [b.value for b in self.ctx.values.bindings(expr)
+                      if getattr(b, "value", None) is not None and not getattr(b, "path", ())]
+            found = {self._last_dim(v, depth + 1) for v in values}
+            return found.pop() if len(found) == 1 else None
+        if not (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)):
             return None
-        a, b = self._value(original.left), self._value(original.right)
-        if a and b and a % b == 0:
-            self._advise(original, a // b)
+        method = expr.func.attr.value
+        if method in ("view", "reshape") and expr.args and not any(a.star for a in expr.args):
+            return self.ctx.values.constant(expr.args[-1].value)
+        if method in self.KEEPS_LAST and not (method == "permute" or (
+                method == "transpose" and any(self.ctx.values.constant(a.value) in (-1, 3)
+                                              for a in expr.args))):
+            return self._last_dim(expr.func.value, depth + 1)
         return None
+
+

@@ -13,41 +13,26 @@ import re
 import libcst as cst
 
 from tpukit.findings import FixKind, Severity
-from tpukit.migrate.context import dotted, find_keyword, terminal_name
+from tpukit.migrate.analysis import catalog as K
+from tpukit.migrate.context import dotted, find_keyword
+from tpukit.migrate.nodes import first
 from tpukit.migrate.guards import scope_moves_to_cuda
 from tpukit.migrate.transforms.base import Transform, transform
 
 DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 BARRIERS = {"torch_xla.sync", "torch_xla.core.xla_model.mark_step", "torch_xla.step",
             "torch_xla.core.xla_model.optimizer_step"}
-ITER_WRAPPERS = {"enumerate", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "iter"}
-_LOADER_ASSIGN = re.compile(r"(\w+)\s*=\s*(?:[\w.]*\.)?DataLoader\s*\(")
-# `self.train_data.sampler.set_epoch(epoch)`: only a DataLoader has a sampler to set the epoch
-# of, so `train_data` is one (the PyTorch DDP tutorial's Trainer keeps its loader so).
-_LOADER_SAMPLER = re.compile(r"(\w+)\.sampler\.set_epoch\s*\(")
+ITER_WRAPPERS = K.ITER_WRAPPERS
 NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 # Tensor methods that read the value on the host: each waits for the device to compute it.
 HOST_READS = ("item", "tolist", "cpu", "numpy")
 
 
-# `train_dl, model, opt = accelerator.prepare(train_dl, model, opt)`: accelerate's loader
-# places batches itself (and wraps MpDeviceLoader on XLA); its end-of-data bookkeeping
-# (gather_for_metrics) breaks under another loader's prefetching.
-_PREPARED = re.compile(r"^[ \t]*([\w \t,()]+?)=\s*(?:[\w.]*\.)?prepare(?:_data_loader)?\(", re.M)
-
-
-def prepared_names(ctx) -> set[str]:
-    return ctx.memo("prepared_names", lambda: {
-        name.strip() for names in _PREPARED.findall(ctx.source)
-        for name in names.replace("(", " ").replace(")", " ").split(",") if name.strip()})
-
-
-def loader_names(ctx) -> set[str]:
-    # A BatchSampler has a `.sampler` too (and yields lists of indices): `batch_sampler.
-    # sampler.set_epoch(...)` does not make `batch_sampler` a DataLoader.
-    return ctx.memo("loader_names", lambda: {*_LOADER_ASSIGN.findall(ctx.source), *(
-        name for name in _LOADER_SAMPLER.findall(ctx.source) if "sampler" not in name.lower()),
-        *prepared_names(ctx)})
+def uses_prepare(ctx) -> bool:
+    """Does the file hand objects to accelerate's `Accelerator.prepare` (whose loader places
+    batches itself, and wraps MpDeviceLoader on XLA)?"""
+    return ctx.memo("uses_prepare", lambda: any(
+        K.PREPARED in ctx.values.kinds(call) for call, _ in ctx.values.calls))
 
 
 def is_device_loader(expr: cst.BaseExpression) -> bool:
@@ -56,19 +41,53 @@ def is_device_loader(expr: cst.BaseExpression) -> bool:
 
 
 def is_loader(ctx, expr: cst.BaseExpression) -> bool:
-    if is_device_loader(expr):
-        return True
-    name = terminal_name(expr)
-    return bool(name) and (name in loader_names(ctx) or name.lower().endswith("loader"))
+    """A DataLoader, by where the value comes from or what is done with it (values.py)."""
+    return is_device_loader(expr) or K.LOADER in ctx.values.kinds(expr)
 
 
-def loader_in_iter(ctx, expr: cst.BaseExpression) -> tuple[cst.BaseExpression, list] | None:
-    """The loader a `for` iterates, through enumerate()/tqdm(): (loader, path of calls)."""
+def loader_in_iter(ctx, loop: cst.For) -> tuple[cst.BaseExpression, list] | None:
+    """The loader a `for` iterates, through enumerate()/tqdm(): (loader, path of calls). An
+    iterable of unknown origin (a parameter no call of this file gives) whose items the loop
+    body moves to the device is a host loader too: that move is what a loader of host batches
+    needs."""
+    expr = loop.iter
     path = []
     while isinstance(expr, cst.Call) and dotted(expr.func) in ITER_WRAPPERS and expr.args:
         path.append(expr)
         expr = expr.args[0].value
-    return (expr, path) if is_loader(ctx, expr) else None
+    if is_loader(ctx, expr):
+        return expr, path
+    if isinstance(expr, (cst.Name, cst.Attribute)) and not ctx.values.kinds(expr) \
+            and not ctx.library_code and _moves_items(ctx, loop):
+        # (library code keeps a loop whose iterable it is given as it is: its caller's)
+        return expr, path
+    return None
+
+
+def _moves_items(ctx, loop: cst.For) -> bool:
+    """Does the loop body move a name its target binds to a device (`x = x.to(device)`,
+    `x.cuda()`)?"""
+    def names(target) -> set[str]:
+        if isinstance(target, cst.Name):
+            return {target.value}
+        if isinstance(target, (cst.Tuple, cst.List)):
+            return {n for e in target.elements for n in names(e.value)}
+        return set()
+
+    bound = names(loop.target)
+
+    def moves(node: cst.CSTNode) -> bool:
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value in ("to", "cuda")
+                and isinstance(node.func.value, cst.Name) and node.func.value.value in bound):
+            return False
+        if node.func.attr.value == "cuda":
+            return True
+        target = node.args[0].value if node.args and node.args[0].keyword is None else None
+        # a device, or a CUDA device index (`.to(rank)`)
+        return target is not None and bool(ctx.values.kinds(target) & {K.DEVICE, K.RANK})
+
+    return ctx.memo(("moves_items", id(loop)), lambda: bool(first(loop.body, moves)))
 
 
 def is_barrier(ctx, call: cst.Call) -> bool:
@@ -82,12 +101,8 @@ def is_optimizer_step(ctx, call: cst.BaseExpression) -> bool:
         return True
     if call.func.attr.value != "step":
         return False
-    receiver = terminal_name(call.func.value).lower()
-    if "sched" in receiver:
-        return False
-    if "scaler" in receiver:  # scaler.step(optimizer): an optimizer step too
-        return True
-    return "opt" in receiver
+    # `scaler.step(optimizer)` is an optimizer step too; a scheduler's is not
+    return bool(ctx.values.kinds(call.func.value) & {K.OPTIMIZER, K.SCALER})
 
 
 class _OwnStep(cst.CSTVisitor):
@@ -195,7 +210,7 @@ class _StepFinder(cst.CSTVisitor):
                 and self._line is not None:
             if not self.step_lines or self.step_lines[-1] is not self._line:
                 self.step_lines.append(self._line)
-        if "batch" in terminal_name(node.func).lower():
+        if self.ctx.values.calls_for_data(node):
             self.calls_batch = True
         if (isinstance(node.func, cst.Attribute) and node.func.attr.value in HOST_READS
                 and self.first_host_read is None and self._line is not None):
@@ -340,18 +355,16 @@ class DeviceLoader(Transform):
     reads_device_facts = True
 
     def statement_triggers(self, source: str) -> set[str]:
-        # `self.train_data.sampler.set_epoch(epoch)` makes `train_data` a loader: the loop
-        # over it holds none of the rule's own words.
-        sampled = {n for n in _LOADER_SAMPLER.findall(source) if "sampler" not in n.lower()}
-        return super().statement_triggers(source) | sampled
+        # a loop over a loader holds the loader's name, whatever the rule's own words
+        return super().statement_triggers(source) | self.ctx.values.names_of({K.LOADER})
 
     def leave_For(self, original: cst.For, updated: cst.For):
-        found = loader_in_iter(self.ctx, original.iter)
+        found = loader_in_iter(self.ctx, original)
         if found is None:
             return None
         loader, path = found
-        if is_device_loader(loader) or terminal_name(loader) in prepared_names(self.ctx):
-            return None
+        if is_device_loader(loader) or self.ctx.values.kinds(loader) & {K.PREPARED, K.DEVICE_LOADER}:
+            return None  # its batches are on the device already
         if _yields(original.body):
             # lightning's _FabricDataLoader: `for item in self._dataloader: yield move(item)`
             # is a loader itself (here, the one for non-XLA strategies): the loop that
@@ -502,7 +515,7 @@ class StepBarrier(Transform):
             self.no_grad_depth += 1
 
     def _loop(self, node) -> None:
-        if isinstance(node, cst.For) and loader_in_iter(self.ctx, node.iter):
+        if isinstance(node, cst.For) and loader_in_iter(self.ctx, node):
             return  # MpDeviceLoader cuts the graph once per batch
         finder = find_steps(self.ctx, node)
         if finder.has_barrier:

@@ -14,7 +14,7 @@ import libcst as cst
 
 from tpukit.migrate.context import dotted
 from tpukit.migrate.transforms.base import Transform, transform
-from tpukit.migrate.transforms.loops import prepared_names
+from tpukit.migrate.transforms.loops import uses_prepare
 
 
 WRAPPERS = ("DistributedDataParallel", "DataParallel", "DDP", "FullyShardedDataParallel", "compile",
@@ -74,7 +74,7 @@ class OptimizerBeforeDevice(Transform):
         self.plans: dict[cst.CSTNode, tuple[cst.Call, str]] = {}
 
     def _plan(self, body) -> None:
-        if prepared_names(self.ctx):
+        if uses_prepare(self.ctx):
             # accelerate's `prepare` moves the model and points the optimizer at the moved
             # parameters itself on XLA; a model it is not given is a CPU reference (its
             # test scripts' baselines), which must stay where its inputs are

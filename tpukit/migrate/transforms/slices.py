@@ -15,10 +15,11 @@ import re
 
 import libcst as cst
 
-from tpukit.migrate.transforms.host_values import host_bound
+from tpukit.migrate.transforms.host_values import host_value
 from tpukit.migrate.context import dotted, is_cuda_device_string
 from tpukit.migrate.transforms.base import Transform, transform
-from tpukit.migrate.transforms.devices import DEVICE_CALLS, names_a_device
+from tpukit.migrate.analysis import catalog as K
+from tpukit.migrate.transforms.devices import DEVICE_CALLS
 
 # A file worth the pre-pass: a slice with a bound that is not a literal, and a move to a device.
 _NAMED_SLICE = re.compile(r"\w\[[^\]\n]*[A-Za-z_]\w*\s*:|\w\[[^\]\n]*:\s*[A-Za-z_]")
@@ -37,7 +38,7 @@ def _moves_to_device(ctx, expr: cst.BaseExpression | None) -> bool:
     if isinstance(target, cst.Call):
         return ctx.qualify(target.func) in DEVICE_CALLS or dotted(target.func) == "torch_xla.device"
     return is_cuda_device_string(target) or (
-        isinstance(target, (cst.Name, cst.Attribute)) and names_a_device(target))
+        isinstance(target, (cst.Name, cst.Attribute)) and K.DEVICE in ctx.values.kinds(target))
 
 
 class _DeviceData(cst.CSTVisitor):
@@ -162,9 +163,10 @@ class DeviceSliceOffset(Transform):
         if node.attr.value.endswith("_") and not node.attr.value.startswith("_"):
             self.stores.add(id(node.value))  # `x[i:j].zero_()` writes through the view
 
-    def _on_device(self, name: str) -> bool:
+    def _on_device(self, name: str, node: cst.BaseExpression | None = None) -> bool:
         data = device_data(self.ctx)
-        if data is None or host_bound(self.ctx, name):  # also a NumPy array here: not known a tensor
+        if data is None or (node is not None and host_value(self.ctx, node)):
+            return False  # also a NumPy array here: not known a tensor
             return False
         function = next((f for f in reversed(self.ctx.functions)
                          if isinstance(f, cst.FunctionDef)), None)
@@ -176,7 +178,7 @@ class DeviceSliceOffset(Transform):
         return name in data.names
 
     def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript):
-        if not isinstance(original.value, cst.Name) or not self._on_device(original.value.value):
+        if not isinstance(original.value, cst.Name) or not self._on_device(original.value.value, original.value):
             return None
         found = _varying_slice(original)
         if found is None:
