@@ -80,6 +80,11 @@ CUDA_LINES = [
     "x = y.cuda(**kw{n})",
     "if {t}.cuda.is_available():\n{i}    s = {t}.cuda.Stream()",
     "if {t}.cuda.is_available() and a{n}:\n{i}    {t}.cuda.synchronize()",
+    # keywords right against a parenthesized operand (pix2pix's `assert(torch.cuda.
+    # is_available())`): a rewritten operand keeps its parentheses
+    "assert({t}.cuda.is_available())",
+    "ok = not({t}.cuda.is_available())",
+    "z = 1 if({t}.cuda.is_available())else 0",
     "mask = 0x{n}F | 0o1{n} | 0b10 | 1_00{n}",
     "head_dim = 0x{n}0",
 ]

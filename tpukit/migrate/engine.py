@@ -443,7 +443,7 @@ class Rewriter(cst.CSTTransformer):
         # `"cuda" if torch.cuda.is_available() else "cpu"` kept whole had its "cuda" made
         # "xla" by the conditional's leave hook (minGPT's trainer, named as a folder).
         try:
-            return self._leave(original, updated)
+            return _keep_parentheses(original, self._leave(original, updated))
         finally:
             if id(original) in self.cuda_only_at:
                 self.cuda_only_at.discard(id(original))
@@ -481,6 +481,8 @@ class Rewriter(cst.CSTTransformer):
                     edited = (hook, _replaced(before, updated))
                 if isinstance(updated, (cst.FlattenSentinel, cst.RemovalSentinel)):
                     return updated
+        if isinstance(updated, cst.BooleanOperation):
+            updated = _fold_true(original, updated)
         if self.ctx.guards and isinstance(updated, (cst.If, cst.IfExp)):
             updated = restore_unported(self.ctx, updated)
         elif self.ctx.guards and isinstance(updated, cst.Assign):
@@ -572,6 +574,42 @@ class Rewriter(cst.CSTTransformer):
                 )
             )
         return block.with_changes(body=body)
+
+
+def _is_true(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Name) and node.value == "True"
+
+
+def _bool_valued(node: cst.BaseExpression) -> bool:
+    if isinstance(node, (cst.Comparison, cst.BooleanOperation)):
+        return True
+    if isinstance(node, cst.UnaryOperation):
+        return isinstance(node.operator, cst.Not)
+    return isinstance(node, cst.Call) and dotted(node.func) == "bool"
+
+
+def _fold_true(original: cst.BooleanOperation, updated: cst.BooleanOperation):
+    """An operand a rewrite made `True` (`torch.cuda.is_bf16_supported()` on a TPU) drops out
+    of an `and`: `True and x` is `x`, and `x and True` is `x` when x is already a bool."""
+    if not isinstance(updated.operator, cst.And):
+        return updated
+    if _is_true(updated.left) and not _is_true(original.left):
+        return updated.right
+    if (_is_true(updated.right) and not _is_true(original.right)
+            and _bool_valued(updated.left)):
+        return updated.left
+    return updated
+
+
+def _keep_parentheses(original: cst.CSTNode, result):
+    """A replacement keeps the parentheses of the expression it replaces: `assert(x)` and
+    `not(x)` need them (no space follows the keyword), and a rewritten operand keeps its
+    grouping."""
+    lpar = getattr(original, "lpar", None)
+    if (lpar and result is not original and isinstance(result, cst.BaseExpression)
+            and not getattr(result, "lpar", True)):
+        return result.with_changes(lpar=original.lpar, rpar=original.rpar)
+    return result
 
 
 def rule_of(hook):

@@ -236,7 +236,7 @@ def process(job: Job) -> FileResult:
                          encoding=read.encoding)
         elif job.mode is Mode.DIFF and migration.changed:
             result.diff = "".join(
-                difflib.unified_diff(
+                _ended(line) for line in difflib.unified_diff(
                     migration.source.splitlines(keepends=True),
                     migration.new_source.splitlines(keepends=True),
                     fromfile=f"a/{job.display}",
@@ -252,6 +252,11 @@ def process(job: Job) -> FileResult:
         return result
     result.changed = migration.changed
     return result
+
+
+def _ended(line: str) -> str:
+    """A diff line of a file without a final newline ends as `diff -u` ends it."""
+    return line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
 
 
 def _safe_process(job: Job) -> FileResult:

@@ -35,6 +35,7 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
     vendor = _other_vendor(ctx, updated.test) if found.uses and ctx.library_code else None
     in_test = (residual_cuda(ctx, updated.test) or vendor) if found.uses else None
     deferred = []
+    bfloat16 = {}  # id of a float16 the guard picks -> torch.bfloat16
     for key, negated in found.uses.items():
         if in_test is not None:
             restore[key] = _put_back(ctx, key, in_test, "where_in_test" if in_test != vendor
@@ -66,10 +67,17 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
             continue
         # A value chosen by the guard that names a GPU ("-gpu" packages) is CUDA's too; in a
         # statement a string is a message ("batch did not land on the GPU").
-        left = residual_cuda(ctx, guarded, isinstance(updated, cst.IfExp), half=True) \
-            if guarded is not None else None
+        # float16 picked because a GPU is there: in a library it stays the GPU's choice; in
+        # the program it is the accelerator's, and a TPU computes in bfloat16.
+        left = residual_cuda(ctx, guarded, isinstance(updated, cst.IfExp),
+                             half=ctx.library_code) if guarded is not None else None
         if left is not None:
             restore[key] = _put_back(ctx, key, left)
+        elif guarded is not None and not ctx.library_code and (
+                halves := _halves(ctx, guarded)):
+            bfloat16.update(halves)
+            report = ctx.guards[key][1]
+            report.message += engine_say("migrate", "guard_half", ctx.target)
         elif isinstance(updated, cst.If) and isinstance(guarded, cst.BaseSuite) \
                 and (names := _bound_names(guarded)):
             # `if device.type == "cuda": gpu_devices.append(device)`, then
@@ -78,6 +86,8 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
             deferred.append((key, names))
     if restore:
         updated = updated.with_changes(test=updated.test.visit(_Restore(restore)))
+    if bfloat16:
+        updated = updated.visit(_Restore(bfloat16))
     if deferred:
         ctx.guarded_after[id(updated)] = deferred
     return updated
@@ -523,10 +533,18 @@ class _ResidualCuda(cst.CSTVisitor):
         self.strings = strings
         self.half = half
         self.found: str | None = None
+        # strings a comparison reads (`args.dist_backend == "nccl"`): a question about a
+        # value, which runs the same on a TPU; a CUDA device string compared is still CUDA's
+        self.compared: set[int] = set()
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self.found is not None:
             return False
+        if isinstance(node, cst.Comparison):
+            self.compared.update(id(o) for o in (node.left, *(c.comparator for c in
+                                                                node.comparisons))
+                                 if isinstance(o, cst.SimpleString)
+                                 and not is_cuda_device_string(o))
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
                 and node.func.attr.value == "cuda" and not self.ctx.qualify(node.func):
             self.found = self.ctx.short(node)  # `x.cuda()` left as written
@@ -557,7 +575,7 @@ class _ResidualCuda(cst.CSTVisitor):
             # (a CUDA device index, for its select_device)
             self.found = self.ctx.code(node).strip()
             return False
-        elif isinstance(node, cst.SimpleString) and (
+        elif isinstance(node, cst.SimpleString) and id(node) not in self.compared and (
                 is_cuda_device_string(node) or _CUDA_WORD.match(string_value(node) or "")
                 or _cuda_library(string_value(node) or "")
                 or (self.strings and _SAYS_GPU.search(node.value))):
@@ -570,6 +588,12 @@ class _ResidualCuda(cst.CSTVisitor):
 _SAYS_GPU = re.compile(r"gpu|cuda", re.I)
 _HALF = frozenset({"torch.float16", "torch.half"})
 _INDEX = re.compile(r"[0-9]+(?:,[0-9]+)*\Z")  # "0", "0,1": CUDA device indices
+
+
+def _halves(ctx: MigrationContext, node: cst.CSTNode) -> dict:
+    """The float16 dtypes in `node` (by what they name), each mapped to torch.bfloat16."""
+    return {id(n): ctx.expr(f"{ctx.torch_name()}.bfloat16") for n in walk(node)
+            if isinstance(n, (cst.Attribute, cst.Name)) and ctx.qualify(n) in _HALF}
 
 
 def _is_device_index(ctx: MigrationContext, node: cst.Assign) -> bool:

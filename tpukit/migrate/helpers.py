@@ -109,6 +109,50 @@ class _TpuTensorType:
         self.dtype = dtype
 
 ''' + _TENSOR_TYPE_CALL,
+    "_xla_sync_batchnorm": '''
+def _xla_sync_batchnorm(module, process_group=None):
+    """nn.SyncBatchNorm.convert_sync_batchnorm on XLA (inserted by tpukit): SyncBatchNorm's
+    kernels are CUDA's, so each BatchNorm of `module` keeps its class and state and, in
+    training, normalizes with the batch statistics of every process, as SyncBatchNorm does:
+    the mean and mean square summed with one xm.all_reduce a layer, the running statistics
+    updated with the unbiased variance. With one process it is BatchNorm as it was."""
+    import torch_xla.core.functions as xf
+
+    def synced(layer):
+        plain = layer.forward
+
+        def forward(x):
+            if not layer.training:
+                return plain(x)  # SyncBatchNorm does not sync in eval either
+            dims = [0, *range(2, x.dim())]
+            shape = [1, -1] + [1] * (x.dim() - 2)
+            world = xr.world_size()
+            moments = xf.all_reduce(xm.REDUCE_SUM, torch.stack(
+                [x.mean(dims), (x * x).mean(dims)]), scale=1.0 / world)
+            mean = moments[0]
+            var = (moments[1] - mean * mean).clamp(min=0)
+            if layer.track_running_stats:
+                with torch.no_grad():
+                    layer.num_batches_tracked.add_(1)
+                    factor = (1.0 / layer.num_batches_tracked if layer.momentum is None
+                              else layer.momentum)
+                    count = x.numel() // x.size(1) * world
+                    layer.running_mean.mul_(1 - factor).add_(mean * factor)
+                    layer.running_var.mul_(1 - factor).add_(
+                        var * (count / max(count - 1, 1)) * factor)
+            out = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + layer.eps)
+            if layer.affine:
+                out = out * layer.weight.view(shape) + layer.bias.view(shape)
+            return out
+
+        return forward
+
+    if xr.world_size() > 1:
+        for layer in module.modules():
+            if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm):
+                layer.forward = synced(layer)
+    return module
+''',
     "_inputs_to_device": '''
 def _inputs_to_device(module):
     """DistributedDataParallel(device_ids=[i]) moved its forward's tensor inputs to device i;
@@ -138,6 +182,7 @@ IMPORTS_OF: dict[str, tuple[str, ...]] = {"_xla_memory_stat": ("xm", "torch_xla"
                                           "_TpuTensorType": ("torch", "torch_tpu"),
                                           "_XlaTimingEvent": ("xm", "torch_xla"),
                                           "_inputs_to_device": ("torch",),
+                                          "_xla_sync_batchnorm": ("torch", "xm", "xr"),
                                           "_xla_launch_process_count": ("xr",),
                                           "_tpu_launch_process_count": ()}
 

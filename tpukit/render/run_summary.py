@@ -9,6 +9,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from tpukit.run import summary as run_summary_type
+
 
 def print_profile(profile: dict, stream) -> None:
     console = Console(file=stream, highlight=False)
@@ -105,6 +107,9 @@ def print_summary(summary: dict, stream) -> None:
         ("wall time", f"{summary['wall_s']:.2f} s"),
         ("where it went", _shares_text(summary)),
     ]
+    for key, label in (("in_progress", "in progress"), ("stopped_in", "stopped in")):
+        if summary.get(key):
+            rows.insert(1, (label, run_summary_type.describe_activity(summary[key])))
     rows[1:1] = [("launch", f"{Path(launch['path']).name}:{launch['line']} ran in this process "
                             "at world size 1") for launch in summary["launches"]]
     for name, value in rows:

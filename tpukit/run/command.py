@@ -190,6 +190,7 @@ def run_command(request: RunRequest) -> int:
         said = any(name in os.environ for name in ("XLA_IR_DEBUG", "XLA_HLO_DEBUG"))
         probe.graph_capture = GraphCapture(managed=not said)
     probe.install()
+    probe.activity.watch(live.write if live is not None else None)
     try:
         outcome = run_target(request.script, request.module, request.args, (StopRun,))
         try:
@@ -197,6 +198,7 @@ def run_command(request: RunRequest) -> int:
         except StopRun:
             pass
     finally:
+        probe.activity.stop()
         probe.uninstall()
         wall = time.perf_counter() - start
         if log is not None:
@@ -280,6 +282,8 @@ def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda
         },
         failed_on=failed,
         suppressed=suppressed,
+        in_progress=probe.activity.in_progress() if partial else None,
+        stopped_in=probe.activity.stopped_in,
     )
     return Report("run", kept, [], summary, summary_line(summary.to_dict()),
                   show_applied=True, excerpts=True), failed

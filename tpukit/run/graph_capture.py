@@ -52,6 +52,7 @@ class GraphCapture:
         self.armed = False  # a line past its warm-up recompiled: lines from now on
         self._runs: dict[tuple[str, int], int] = {}  # line -> earlier steps it ran graphs in
         self._compiled_last = False  # the last step compiled something
+        self.new_graph = False  # the last capture's graph was not seen before
 
     def wants_lines(self, step: int) -> bool:
         """IR debug for step `step` (the probe turns it off under its fallback tracer)."""
@@ -93,6 +94,7 @@ class GraphCapture:
                 if not tensors:
                     return None
                 own = xlac._get_graph_hash(tensors)
+                self.new_graph = own not in self._ops
                 lined = xlac._get_ir_debug()
                 if own not in self._ops or (lined and own not in self._lined):
                     if own not in self._ops and len(self._ops) >= _GRAPHS:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 
+from tpukit.run.activity import Activity
 from tpukit.run.capture import ShapeCapture
 from tpukit.run.counters import Counters, XlaCounters
 from tpukit.run.debuglog import DebugLog
@@ -65,6 +66,7 @@ class Probe:
         self.launches: list[dict] = []  # launches run in this process (torch_xla.launch, ...)
         self.graph_dump = None  # a graphs.GraphDump with --explain-graphs
         self.graph_capture = None  # a graph_capture.GraphCapture otherwise
+        self.activity = Activity()  # what a barrier or read is doing now (activity.py)
 
     @property
     def models(self) -> set[str]:

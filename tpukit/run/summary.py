@@ -9,6 +9,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 INLINE = {"inline": True}  # a field whose own fields are the summary's (StepStats)
@@ -62,6 +63,11 @@ class RunSummary:
     failed_on: list[str] = field(default_factory=list)  # the --fail-on kinds that occurred
     # findings `# tpukit: ignore[...]` comments silenced: each finding's JSON and `suppressed_by`
     suppressed: list[dict] = field(default_factory=list)
+    # A partial report: the graph barrier or host read under way as it was written (call,
+    # path, line, doing, for_s; activity.py). A stopped run: what the signal found the run
+    # doing, with the signal's name.
+    in_progress: dict | None = None
+    stopped_in: dict | None = None
 
     def to_dict(self) -> dict:
         """The JSON report's `summary` object."""
@@ -122,3 +128,12 @@ def json_schema() -> dict:
         "properties": properties,
         "required": list(properties),
     }
+
+
+def describe_activity(entry: dict) -> str:
+    """`entry` (in_progress or stopped_in) in words."""
+    where = f"{Path(entry['path']).name}:{entry['line']}"
+    said = f"in the {entry['call']} at {where} for {entry['for_s']:.1f} s, {entry['doing']}"
+    if entry.get("signal"):
+        said = f"{entry['signal']} arrived {said}"
+    return said

@@ -33,7 +33,7 @@ from tpukit.migrate.analysis.values import (
 
 # What crosses a module boundary.
 FORWARD = frozenset({K.LOADER, K.DEVICE, K.CUDA, K.MODULE, K.OPTIMIZER, K.SCHEDULER, K.RANK,
-                     K.BACKEND, K.TENSOR, K.GENERATOR, K.CONTAINER})
+                     K.BACKEND, K.TENSOR, K.GENERATOR, K.CONTAINER, K.ARGS})
 BACKWARD = frozenset({K.DEVICE, K.BACKEND, K.SCALE, K.PROCESS_COUNT, K.STRING_USE})
 CLASS_KINDS = frozenset({K.MODULE, K.OPTIMIZER, K.LOADER, K.SCHEDULER})
 
@@ -50,6 +50,10 @@ class FileFacts:
     # calls of other modules' functions: (module, qualname, skip, [(index | keyword, kinds,
     # the caller's variable: (scope qualname, name) | None)])
     calls: list[tuple[str, str, int, list]] = field(default_factory=list)
+    # names this module imports from another (`from .distributed import init_device` in a
+    # package's __init__): name -> the absolute `module.name`
+    reexports: dict[str, str] = field(default_factory=dict)
+    option_uses: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -59,9 +63,13 @@ class Received:
     param_kinds: dict[str, dict[str, frozenset[str]]] = field(default_factory=dict)
     external_uses: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     imported_kinds: dict[str, frozenset[str]] = field(default_factory=dict)
+    # argparse option -> what the program's modules do with it (one namespace, handed around:
+    # timm's train.py defines `--device`, timm.utils.distributed makes it a torch.device)
+    option_uses: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def empty(self) -> bool:
-        return not (self.param_kinds or self.external_uses or self.imported_kinds)
+        return not (self.param_kinds or self.external_uses or self.imported_kinds
+                    or self.option_uses)
 
 
 def module_name(path: Path, roots: list[Path]) -> str | None:
@@ -103,9 +111,16 @@ def file_facts(source: str | cst.Module, module: str, is_package: bool,
                 uses[p.name.value] = frozenset(said)
         if uses:
             facts.param_uses[qualname] = uses
+    for dest, said in values.all_option_uses().items():
+        if said & BACKWARD:
+            facts.option_uses[dest] = frozenset(said & BACKWARD)
     for scope in [values.module_scope]:
         for name, bindings in scope.names.items():
             for b in bindings:
+                if isinstance(b, Imported) and len(bindings) == 1:
+                    full = absolute_import(b.qualified, module, is_package)
+                    if "." in full:
+                        facts.reexports[name] = full
                 if isinstance(b, Defined) and isinstance(b.node, cst.ClassDef):
                     kinds = values.instance_kinds(b.node) & CLASS_KINDS
                     if kinds:
@@ -139,7 +154,10 @@ def _target(values: Values, call: cst.Call, module: str,
     qualified = values.qualified(func)
     if qualified is not None:
         full = _imported_name(values, func, module, is_package)
-        if full is not None:
+        if full is None and isinstance(func, cst.Attribute):
+            # `utils.init_distributed_device(args)` after `from timm import utils`
+            full = absolute_import(qualified, module, is_package)
+        if full is not None and "." in full:
             mod, _, name = full.rpartition(".")
             return mod, name, 0
         return None
@@ -185,6 +203,14 @@ def combine(facts: dict[Path, FileFacts]) -> dict[Path, Received]:
             if target_module not in by_module:
                 continue
             target_path, target = by_module[target_module]
+            for _ in range(3):  # a package's __init__ that imports the function from a module
+                full = target.reexports.get(qualname)
+                if qualname in target.params or full is None:
+                    break
+                mod, _, qualname = full.rpartition(".")
+                if mod not in by_module:
+                    break
+                target_path, target = by_module[mod]
             params = target.params.get(qualname)
             if params is None and qualname in target.class_kinds or (
                     params is None and f"{qualname}.__init__" in target.params):
@@ -207,6 +233,9 @@ def combine(facts: dict[Path, FileFacts]) -> dict[Path, Received]:
                     mine = received[path].external_uses
                     mine[key] = mine.get(key, frozenset()) | uses
         for other_path, other in facts.items():
+            for dest, uses in other.option_uses.items():
+                mine = received[path].option_uses
+                mine[dest] = mine.get(dest, frozenset()) | uses
             if other_path == path:
                 continue
             for cls, kinds in other.class_kinds.items():

@@ -399,6 +399,7 @@ class Values:
         # their calls, what they do with the variables this file gives them, their classes.
         self.external_uses = received.external_uses if received is not None else {}
         self.imported_kinds = received.imported_kinds if received is not None else {}
+        self.received_option_uses = received.option_uses if received is not None else {}
         self.module_name, self.is_package = module_name, is_package
         self.module_scope = Scope(None, None)
         self.scopes: dict[int, Scope] = {}
@@ -430,6 +431,7 @@ class Values:
         self._param_args: dict[int, list[cst.BaseExpression]] | None = None
         self._spawned: dict[int, bool] | None = None
         self._argparse: dict[str, list[cst.BaseExpression]] | None = None
+        self._numbers: set[str] | None = None
         self._string_symbols: set | None = None
         self._device_symbols: set | None = None
         module.visit(_Recorder(self))
@@ -461,6 +463,8 @@ class Values:
     def symbol(self, expr: cst.BaseExpression):
         """What identifies the variable `expr` reads (a name's scope and name, a `self`
         attribute's class and name, an argparse option), or None."""
+        if isinstance(expr, cst.Name) and expr.value in ("None", "True", "False"):
+            return None  # a constant, no variable: `default=None` carries nothing back
         if isinstance(expr, cst.Name):
             scope = self.scope_of.get(id(expr))
             while scope is not None:
@@ -480,7 +484,22 @@ class Values:
                 return ("attr", id(cls), expr.attr.value)
             if K.ARGS in self.kinds(expr.value):
                 return ("arg", expr.attr.value)
+        option = self._getattr_option(expr)
+        if option is not None:
+            return ("arg", option)
         return None
+
+    def _getattr_option(self, expr: cst.BaseExpression) -> str | None:
+        """`getattr(args, "device", "cuda")` on an argparse namespace: the option it reads."""
+        if not (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name)
+                and expr.func.value == "getattr" and not self.bindings(expr.func)
+                and len(expr.args) >= 2 and all(a.keyword is None for a in expr.args[:2])):
+            return None
+        name = string_value(expr.args[1].value) if isinstance(
+            expr.args[1].value, cst.SimpleString) else None
+        if name is None or K.ARGS not in self.kinds(expr.args[0].value):
+            return None
+        return name
 
     def qualified(self, expr: cst.BaseExpression | None) -> str | None:
         """The qualified name a Name/Attribute chain stands for through the file's imports,
@@ -734,6 +753,8 @@ class Values:
                 scope = by_qualname.get(qualname)
                 if scope is not None:
                     self._use_kinds.setdefault(("name", id(scope), name), set()).update(kinds)
+        for dest, kinds in self.received_option_uses.items():
+            self._use_kinds.setdefault(("arg", dest), set()).update(kinds)
         uses += [(node, K.PROCESS_COUNT) for keyword in K.PROCESS_COUNT_KEYWORDS
                  for node in self.keyword_nodes.get(keyword, ())]
         for use in uses:
@@ -762,7 +783,7 @@ class Values:
                 for binding in bindings:
                     if isinstance(binding, Assigned) and not binding.path:
                         source = self.symbol(binding.value) if isinstance(
-                            binding.value, (cst.Name, cst.Attribute)) else None
+                            binding.value, (cst.Name, cst.Attribute, cst.Call)) else None
                         if source is not None:
                             edges.append((("name", id(scope), name), source))
         for cls_id, attrs in self.self_attrs.items():
@@ -776,7 +797,8 @@ class Values:
         for param_id, args in self.param_args().items():
             param_symbol = self._param_symbol.get(param_id)
             for arg in args:
-                source = self.symbol(arg) if isinstance(arg, (cst.Name, cst.Attribute)) else None
+                source = self.symbol(arg) if isinstance(
+                    arg, (cst.Name, cst.Attribute, cst.Call)) else None
                 if param_symbol is not None and source is not None:
                     edges.append((param_symbol, source))
         for dest, defaults in self.argparse_defaults().items():
@@ -814,10 +836,7 @@ class Values:
                 return found
         base = self.kinds(expr.value)
         if K.ARGS in base:
-            found = frozenset({K.LAUNCHER_OPTIONS[attr]}) if attr in K.LAUNCHER_OPTIONS else NOTHING
-            for default in self.argparse_defaults().get(attr, ()):
-                found |= self.kinds(default)
-            return found
+            return self._option_kinds(attr)
         if attr == "device":
             return frozenset({K.DEVICE})
         if attr == "type" and K.DEVICE in base:
@@ -859,6 +878,12 @@ class Values:
                 absolute = absolute_import(qualified, self.module_name, self.is_package)
                 if absolute in self.imported_kinds:
                     return self.imported_kinds[absolute]  # a class of another module
+        option = self._getattr_option(call)
+        if option is not None:
+            found = self._option_kinds(option)
+            if len(call.args) > 2:
+                found |= self.kinds(call.args[2].value)
+            return found | self._said(call, found)
         if isinstance(func, cst.Name):
             if func.value in ("int", "float") and call.args and not self.bindings(func):
                 return self.kinds(call.args[0].value) & {K.RANK, K.WORLD, K.GPU_COUNT} or \
@@ -1087,6 +1112,26 @@ class Values:
                 if dest is not None and default is not None:
                     self._argparse.setdefault(dest, []).append(default)
         return self._argparse
+
+    def _option_kinds(self, attr: str) -> frozenset[str]:
+        """What the argparse option `attr` holds: its defaults', a launcher's option's."""
+        found = frozenset({K.LAUNCHER_OPTIONS[attr]}) if attr in K.LAUNCHER_OPTIONS else NOTHING
+        for default in self.argparse_defaults().get(attr, ()):
+            found |= self.kinds(default)
+        if attr in self._numeric_options():
+            found |= {K.NUMBER}  # `--gpu type=int`: an index, whatever its uses say
+        return found
+
+    def _numeric_options(self) -> set[str]:
+        """The argparse options that `type=int` or `type=float` (the builtins, unshadowed)
+        makes numbers."""
+        if self._numbers is None:
+            self._numbers = {
+                dest for call in self.arguments if (dest := destination(call)) is not None
+                and any(a.keyword is not None and a.keyword.value == "type"
+                        and isinstance(a.value, cst.Name) and a.value.value in ("int", "float")
+                        and not self.bindings(a.value) for a in call.args)}
+        return self._numbers
 
     def parameter_kinds(self, function, param: cst.Param) -> frozenset[str]:
         """The kinds a parameter of one of the file's functions (or lambdas) may hold."""
@@ -1319,6 +1364,13 @@ class Values:
             return True
         return any(id(call) in self.device_uses for call, scope in self.calls
                    if any(f is function for f, _ in self._callees(call, scope)))
+
+    def all_option_uses(self) -> dict[str, set[str]]:
+        """Every argparse option this file reads (`args.dest`, `getattr(args, "dest")`) and
+        what the places it goes say it is."""
+        if self._use_kinds is None:
+            self._collect_uses()
+        return {key[1]: kinds for key, kinds in self._use_kinds.items() if key[0] == "arg"}
 
     def option_uses(self, dest: str) -> set[str]:
         """What the places an argparse option (`args.dest`) goes say it is."""

@@ -782,8 +782,16 @@ class SamplerReplicas(Transform):
 
 @transform("TPU408")
 class CompileBackend(Transform):
+    def _compiles(self, call: cst.Call) -> bool:
+        """`torch.compile(...)`, or `model.compile(...)` on an nn.Module (which hands its
+        arguments to torch.compile)."""
+        if self.ctx.qualify(call.func) == "torch.compile":
+            return True
+        return (isinstance(call.func, cst.Attribute) and call.func.attr.value == "compile"
+                and K.MODULE in self.ctx.values.kinds(call.func.value))
+
     def leave_Call(self, original: cst.Call, updated: cst.Call):
-        if self.ctx.qualify(original.func) != "torch.compile":
+        if not self._compiles(original):
             return None
         backend = find_keyword(original, "backend")
         if backend is not None and string_value(backend.value) == "openxla":

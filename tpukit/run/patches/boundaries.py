@@ -38,9 +38,12 @@ class SyncPatch(Patch):
             if graphs is not None:  # the graph this barrier runs, if new (graph_capture.py)
                 capture = graphs.before_sync(sys._getframe(1), where)
                 compiled = probe.counters.compile_ns()
+            probe.activity.begin("graph barrier", where,
+                                 graphs.new_graph if graphs is not None and capture else None)
             try:
                 result = original(*args, **kwargs)
             finally:
+                probe.activity.end()
                 in_boundary = False
             if graphs is not None:
                 graphs.after(capture, probe.counters.compile_ns() != compiled)

@@ -43,9 +43,12 @@ def _wrap_read(probe, reading: list, method: str, original: Callable) -> Callabl
         # the graph this read runs, if new (graph_capture.py)
         capture = probe.graph_capture.before_read(tensor, where) if probe.graph_capture else None
         began, compiled = time.perf_counter(), counters.compile_ns()
+        probe.activity.begin("host read", where, probe.graph_capture.new_graph
+                             if probe.graph_capture is not None and capture else None)
         try:
             return original(tensor, *args, **kwargs)
         finally:
+            probe.activity.end()
             # the compiles the read triggered are reported as compiles, not as waiting
             spent = counters.compile_ns() - compiled
             waited = max(0.0, time.perf_counter() - began - spent / 1e9)
