@@ -170,9 +170,6 @@ def _moves(ctx: MigrationContext, scope: cst.CSTNode) -> bool:
     return False
 
 
-_NAMES_DEVICE = re.compile(r"device|cuda|xla|tpu", re.I)
-
-
 def _only_moves(ctx: MigrationContext, guarded) -> str | None:
     """The first statement, when every statement of `guarded` moves a value to the device
     and keeps it under its own name (`x = x.cuda()`, `x = x.to(...)`), else None."""
@@ -186,9 +183,8 @@ def _only_moves(ctx: MigrationContext, guarded) -> str | None:
                 and isinstance(small.value, cst.Call)
                 and isinstance(small.value.func, cst.Attribute)
                 and (small.value.func.attr.value == "cuda" or (
-                    small.value.func.attr.value == "to"
-                    and _NAMES_DEVICE.search(ctx.code(small.value.args[0]) if small.value.args
-                                             else "")))
+                    small.value.func.attr.value == "to" and small.value.args
+                    and K.DEVICE in ctx.values.kinds(small.value.args[0].value)))
                 and ctx.code(small.value.func.value) == ctx.code(small.targets[0].target)):
             return None  # not a move (`x = x.to(torch.float16)` is a cast)
     return ctx.short(guarded.body[0])
@@ -311,21 +307,6 @@ def _last_statement(body: cst.BaseSuite):
     return last
 
 
-# "supports only CUDA device", "requires a GPU", "CUDA is required": a refusal of every other
-# device ("batch did not land on the GPU" is a check that holds on any device).
-_REFUSES_OTHERS = re.compile(r"\b(?:only|requires?|needs?|supports?)\b.*\b(?:cuda|gpus?)\b|"
-                             r"\b(?:cuda|gpus?)\b.*\b(?:only|required|needed)\b", re.I)
-
-
-def _refusal(body: cst.BaseSuite) -> str | None:
-    """The message of the exception `body` ends by raising, where it refuses every device but
-    CUDA, else None."""
-    last = _last_statement(body)
-    if not isinstance(last, cst.Raise) or last.exc is None:
-        return None
-    return first(last.exc, lambda n: n.value if isinstance(
-        n, (cst.SimpleString, cst.FormattedStringText)) and _REFUSES_OTHERS.search(n.value)
-        else None)
 
 
 def _exits(body: cst.BaseSuite) -> bool:
