@@ -13,6 +13,7 @@ import tokenize
 
 import libcst as cst
 
+from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.analysis.values import Values
 from tpukit.migrate.device_facts import DeviceFacts
 from tpukit.migrate.names import Names
@@ -32,10 +33,10 @@ from tpukit.migrate.nodes import (  # noqa: F401 - the helpers rule code imports
     with_commas,
     with_string,
 )
+from tpukit.migrate.nodes import walk
 from tpukit.migrate.sink import IMPORTS, EditSink, Report  # noqa: F401
 
 # What says code works with a device: its tensors may be XLA's.
-_DEVICE_CODE = re.compile(r"\b(?:cuda|device|xla|xm|xr|accelerator|tpu)\b|\.to\(", re.I)
 LAUNCH_CALL = re.compile(r"\b(?:mp|multiprocessing|torch_xla)\.(?:spawn|launch)\(|\bspawn\(")
 
 
@@ -85,7 +86,7 @@ class MigrationContext:
         self.received = received
         self.module_name = module_name
         self.library_code = self.package_module and owner is Owner.LIBRARY
-        self.at_import_time, self.used_as_string = devices.at_import_time, devices.used_as_string
+        self.at_import_time = devices.at_import_time
         self.import_time_reason = devices.import_time_reason
         self.bind_device, self.device_in_scope = devices.bind, devices.in_scope
 
@@ -135,7 +136,8 @@ class MigrationContext:
         where the original never touched a device."""
         if not self.library_code or not self.functions:
             return False
-        return not _DEVICE_CODE.search(self.scope_text())
+        scope = self.functions[-1]
+        return not self.memo(("device_work", id(scope)), lambda: _device_work(self, scope))
 
     def in_launcher(self) -> bool:
         """Is the current code in the scope (function, or the module's top level) that calls
@@ -213,3 +215,20 @@ class _LazyValues:
 
     def __getattr__(self, name):
         return getattr(self._ctx.values, name)
+
+
+def _device_work(ctx: MigrationContext, scope: cst.CSTNode) -> bool:
+    """Does `scope` do anything with a device: move a value (`.to(...)`, `.cuda()`), call the
+    CUDA, accelerator or XLA APIs, or read a value the dataflow says is a device?"""
+    for node in walk(scope):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and node.func.attr.value in ("to", "cuda") and not ctx.qualify(node.func):
+            return True
+        if isinstance(node, (cst.Name, cst.Attribute)):
+            name = ctx.qualify(node) or ""
+            if name.split(".")[0] in ("torch_xla", "torch_tpu") or name.startswith(
+                    ("torch.cuda", "torch.accelerator", "torch.device")):
+                return True
+            if isinstance(node, cst.Name) and K.DEVICE in ctx.values.kinds(node):
+                return True
+    return False

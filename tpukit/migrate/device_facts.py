@@ -8,7 +8,6 @@ type as rules' hooks are (the engine knows no device rule); a rule reads them.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import libcst as cst
@@ -25,26 +24,6 @@ DEVICE_CALLS = {
     "torch.accelerator.current_accelerator",
 }
 
-# A name the file uses as a string: compared with a literal (`device == "cuda"`, `device in
-# ("cuda", "mps")`), searched (`"cuda" in device`), a str method called on it, or concatenated
-# with a literal, or passed as a device type (`torch.autocast(device_type=device)`);
-# `cfg["device"] == "cuda"` names its key. `str(device) == "cuda"` and
-# `device.type == "cuda"` say nothing about `device` (`.type` names the attribute `type`).
-_STR = r"""[rRbBuUfF]{0,2}(?:'[^'\n]*'|"[^"\n]*")"""
-_NAME = r"((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*)"
-_NOT_CALLED = r"\b(?!\s*[(.\[])"
-_STRING_USES = [re.compile(pattern) for pattern in (
-    rf"{_NAME}\s*[!=]=\s*{_STR}",
-    rf"{_STR}\s*[!=]=\s*{_NAME}{_NOT_CALLED}",
-    rf"{_STR}\s+(?:not\s+)?in\s+{_NAME}{_NOT_CALLED}",
-    rf"{_NAME}\s+(?:not\s+)?in\s*[\[({{]\s*{_STR}",
-    rf"{_NAME}\.(?:startswith|endswith|split|rsplit|partition|lower|upper|strip|replace)\(",
-    rf"{_NAME}\s*\+\s*{_STR}",
-    rf"""\[\s*['"](\w+)['"]\s*\]\s*[!=]=\s*{_STR}""",
-    # torch.autocast and torch.amp.GradScaler take a device *type*, a str (not a torch.device)
-    rf"\bdevice_type\s*=\s*{_NAME}\s*[,)]",
-    rf"\b(?:autocast|GradScaler)\(\s*{_NAME}\s*[,)]",
-)]
 
 
 def is_accelerator_value(ctx, expr: cst.BaseExpression) -> bool:
@@ -84,7 +63,6 @@ class DeviceFacts:
         self._branch_blocks: set[int] = set()  # id() of if/else/loop bodies: scopes of their own
         self._elifs: set[int] = set()
         self._bound_in: dict[int, dict] = {}  # id(body or elif) -> device names it bound
-        self._string_names: set[str] | None = None
         # The target's device, as the device rule (TPU101) maps it: an object, what `.to()`
         # and `device=` take when the script has no device variable, and the type string.
         device = load_rules()["TPU101"].target(target)
@@ -145,15 +123,6 @@ class DeviceFacts:
             if scope:
                 return next(iter(scope))
         return None
-
-    def used_as_string(self, name: str) -> bool:
-        """Does this file use `name` (a variable, an attribute such as `args.device`, a
-        config key) as a string anywhere? Read by every device rule, so that a value that is
-        compared as a string stays one (`device == "xla"` is False for a `torch.device`)."""
-        if self._string_names is None:
-            self._string_names = {match.rpartition(".")[2] for pattern in _STRING_USES
-                                  for match in pattern.findall(self.source)}
-        return name in self._string_names
 
     def bind(self, name: str) -> None:
         self.scopes[-1][name] = None
