@@ -309,3 +309,30 @@ def test_an_option_another_module_makes_a_device_is_a_device_option(tmp_path, ru
     new = (tree / "train.py").read_text()
     assert "parser.add_argument('--device', default='xla', type=str)" in new
     assert "parser.add_argument('--name', default='cuda', type=str)" in new  # only printed
+
+
+def test_float16_held_for_an_autocast_through_partial_is_bfloat16():
+    # timm's train.py: `amp_dtype = torch.float16` ... `partial(torch.autocast,
+    # device_type=device.type, dtype=amp_dtype)`: on XLA the port trained in float16
+    migration = migrate("""
+        from contextlib import suppress
+        from functools import partial
+        import torch
+
+        def main(args, model, loader):
+            device = torch.device("cuda")
+            amp_dtype = torch.float16
+            if args.amp_dtype == 'bfloat16':
+                amp_dtype = torch.bfloat16
+            cast_to = torch.float16
+            amp_autocast = suppress
+            if args.amp:
+                amp_autocast = partial(torch.autocast, device_type=device.type, dtype=amp_dtype)
+            for x, y in loader:
+                with amp_autocast():
+                    loss = model(x.to(device)).sum()
+                loss.backward()
+        """)
+    new = migration.new_source
+    assert "    amp_dtype = torch.bfloat16\n    if args.amp_dtype" in new
+    assert "cast_to = torch.float16" in new  # not an autocast's dtype

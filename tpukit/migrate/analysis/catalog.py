@@ -38,6 +38,7 @@ GENERATOR = "generator"  # what one of the file's generator functions gives
 SCALE = "scale"  # multiplies or divides something (a batch size by a GPU count)
 STRING_USE = "string_use"  # compared as a string, a str method called on it (a use)
 PROCESS_COUNT = "process_count"  # how many processes a launcher starts
+AUTOCAST_DTYPE = "autocast_dtype"  # given as an autocast's dtype (a use)
 
 # Calls (by qualified name, or a prefix ending in ".") and what they return.
 CALLS: dict[str, frozenset[str]] = {
@@ -153,6 +154,13 @@ STR_METHODS = frozenset({"startswith", "endswith", "split", "rsplit", "partition
 # Calls that take a device *type* string first (torch.autocast("cuda", ...)).
 DEVICE_TYPE_CALLS = frozenset({"torch.autocast", "torch.amp.autocast", "torch.amp.GradScaler",
                                "torch.cuda.amp.autocast", "torch.get_autocast_dtype"})
+# Autocast contexts, whose `dtype=` is the dtype mixed precision computes in.
+AUTOCAST_CALLS = frozenset({"torch.autocast", "torch.amp.autocast",
+                            "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",
+                            "torch.cuda.amp.autocast_mode.autocast"})
+# Calls that bind arguments of the callable they are given first (`partial(torch.autocast,
+# dtype=amp_dtype)`).
+BINDERS = frozenset({"functools.partial"})
 # Calls that take a process group backend.
 BACKEND_CALLS = {"torch.distributed.init_process_group": ("backend", 0),
                  "torch.distributed.new_group": ("backend", 2)}

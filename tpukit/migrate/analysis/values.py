@@ -733,6 +733,13 @@ class Values:
                         uses.append((given, K.BACKEND))
                 if qualified in K.DEVICE_CALLS and first is not None:
                     uses.append((first, K.DEVICE))
+                if qualified in K.AUTOCAST_CALLS or (
+                        qualified in K.BINDERS and first is not None
+                        and self.qualified(first) in K.AUTOCAST_CALLS):
+                    dtype = next((a.value for a in call.args if a.keyword is not None
+                                  and a.keyword.value == "dtype"), None)
+                    if dtype is not None:
+                        uses.append((dtype, K.AUTOCAST_DTYPE))
                 if qualified in K.SPAWNS:
                     positional = [a for a in call.args if a.keyword is None]
                     if len(positional) > 2:
@@ -808,7 +815,7 @@ class Values:
                 if source is not None:
                     edges.append((("arg", dest), source))
         flowing = {K.BACKEND, K.DEVICE, K.OPTIMIZER, K.LOADER, K.SCALE, K.PROCESS_COUNT,
-                   K.STRING_USE}
+                   K.STRING_USE, K.AUTOCAST_DTYPE}
         for _ in range(8):  # chains are short; a bound keeps cycles finite
             changed = False
             for used, source in edges:

@@ -21,6 +21,7 @@ from tpukit.migrate.context import (
     terminal_name,
     with_commas,
 )
+from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.nodes import first
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
 
@@ -51,6 +52,19 @@ class Autocast(Transform):
 
     def _is_fp16(self, expr: cst.BaseExpression | None) -> bool:
         return expr is not None and self.ctx.qualify(expr) in FP16
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
+        """`amp_dtype = torch.float16`, later `torch.autocast(..., dtype=amp_dtype)` (timm's
+        train.py, through functools.partial): the dtype autocast computes in, bfloat16 on TPU."""
+        if not self._is_fp16(original.value) or not any(
+                self.ctx.values.uses_of(K.AUTOCAST_DTYPE, t.target) for t in original.targets):
+            return None
+        if self.ctx.library_code:
+            return None  # a library's choice for its CUDA path
+        return self.fix_or_report(
+            original.value, self.say("float16_held", code=self.ctx.short(original)),
+            lambda: updated.with_changes(
+                value=cst.parse_expression(f"{self.ctx.torch_name()}.bfloat16")))
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         name = self.ctx.qualify(original.func)
