@@ -336,3 +336,16 @@ def test_float16_held_for_an_autocast_through_partial_is_bfloat16():
     new = migration.new_source
     assert "    amp_dtype = torch.bfloat16\n    if args.amp_dtype" in new
     assert "cast_to = torch.float16" in new  # not an autocast's dtype
+
+
+def test_a_parenthesized_guard_over_cuda_only_code_is_put_back():
+    # `x if(cond)else y`: the rewritten test keeps its parentheses and stays a guard, so
+    # what it guards (a CUDA stream, no TPU form) keeps the test as written
+    new = migrate("""
+        import torch as th
+        z = 1 if(th.cuda.is_available())else 0
+        s = th.cuda.Stream() if(th.cuda.is_available())else None
+        """).new_source
+    assert "z = 1 if(bool(xr.device_type()))else 0" in new
+    assert "s = th.cuda.Stream() if(th.cuda.is_available())else None" in new
+    assert migrate(new).new_source == new

@@ -443,7 +443,13 @@ class Rewriter(cst.CSTTransformer):
         # `"cuda" if torch.cuda.is_available() else "cpu"` kept whole had its "cuda" made
         # "xla" by the conditional's leave hook (minGPT's trainer, named as a folder).
         try:
-            return _keep_parentheses(original, self._leave(original, updated))
+            result = self._leave(original, updated)
+            kept = _keep_parentheses(original, result)
+            if kept is not result and id(result) in self.ctx.guards:
+                # the guard a rewrite registered is now the parenthesized node (ids only
+                # stand for live nodes: a stale one could name the next node made)
+                self.ctx.guards[id(kept)] = self.ctx.guards.pop(id(result))
+            return kept
         finally:
             if id(original) in self.cuda_only_at:
                 self.cuda_only_at.discard(id(original))
