@@ -1047,6 +1047,16 @@ class Values:
                     if isinstance(binding, Defined) and isinstance(binding.node, cst.FunctionDef):
                         yield binding.node, 1
 
+    def _variable_bindings(self, expr: cst.BaseExpression) -> list:
+        """The bindings the variable `expr` reads: a name's, or a `self` attribute's in its
+        class ([] for anything else)."""
+        if isinstance(expr, cst.Name):
+            return list(self.bindings(expr))
+        if isinstance(expr, cst.Attribute) and id(expr) in self.self_class:
+            return self.self_attrs.get(id(self.self_class[id(expr)]), {}).get(
+                expr.attr.value, [])
+        return []
+
     def classes_of(self, expr: cst.BaseExpression, depth: int = 0) -> list[cst.ClassDef]:
         """The file's classes whose instance `expr` may hold (`trainer = Trainer(...)`;
         `trainer.fit(loader)` then calls `Trainer.fit`)."""
@@ -1057,12 +1067,7 @@ class Values:
                 return [b.node for b in self.bindings(expr.func)
                         if isinstance(b, Defined) and isinstance(b.node, cst.ClassDef)]
             return []
-        bindings = []
-        if isinstance(expr, cst.Name):
-            bindings = self.bindings(expr)
-        elif isinstance(expr, cst.Attribute) and id(expr) in self.self_class:
-            bindings = self.self_attrs.get(id(self.self_class[id(expr)]), {}).get(
-                expr.attr.value, [])
+        bindings = self._variable_bindings(expr)
         found = []
         for b in bindings:
             if isinstance(b, Assigned) and not b.path:
@@ -1298,12 +1303,7 @@ class Values:
             if isinstance(expr.operator, cst.Subtract):
                 return a - b
             return None
-        bindings = []
-        if isinstance(expr, cst.Name):
-            bindings = self.bindings(expr)
-        elif isinstance(expr, cst.Attribute) and id(expr) in self.self_class:
-            bindings = self.self_attrs.get(id(self.self_class[id(expr)]), {}).get(
-                expr.attr.value, [])
+        bindings = self._variable_bindings(expr)
         values = {self.constant(b.value, depth + 1) if isinstance(b, Assigned) and not b.path
                   else (self.constant(b.param.default, depth + 1)
                         if isinstance(b, Parameter) and b.param.default is not None
