@@ -18,7 +18,10 @@ Per script, one row: the port needed no hand edit, every migrated file compiles,
 left (a `tpukit migrate --check` of the migrated files), the original on the CPU
 (`CUDA_VISIBLE_DEVICES=""`), the port ran to its end (exit 0, or `--max-steps` reached),
 compilations after warm-up (from the run's JSON report), the first N printed losses against
-the original's (relative tolerance, bf16), and the first error line of a failure.
+the original's (relative tolerance, bf16), `tpukit verify` of the original against the port
+(verdict, steps compared, max relative difference: each step's loss read from the tensor whose
+backward() runs, not from printed text; `verify_steps` in the manifest, default 3), and the
+first error line of a failure.
 """
 
 from __future__ import annotations
@@ -275,8 +278,13 @@ class Result:
     recompiles_after_warmup: int | None = None   # not counting a long warm-up's (below)
     recompiles_in_long_warmup: int | None = None
     compiles: int | None = None
-    loss: str = "n/a"                # ok | differ | n/a (...)
+    loss: str = "n/a"                # ok | differ | n/a (...): printed losses, by regex
     loss_detail: str = ""
+    # `tpukit verify`: match | diverged | incomparable | error | n/a, and its summary's figures
+    verdict: str = "n/a"
+    verify_steps: int | None = None
+    verify_max_rel: float | None = None
+    verify_detail: str = ""
     reason: str = ""
 
 
@@ -347,7 +355,16 @@ def yes_no(value: bool | None) -> str:
     return "-" if value is None else ("yes" if value else "no")
 
 
-COLUMNS = ("script", "no edit", "parses", "left", "original", "port runs", "recompiles", "loss", "reason")
+COLUMNS = ("script", "no edit", "parses", "left", "original", "port runs", "recompiles", "loss",
+           "verify", "reason")
+
+
+def verify_cell(r: Result) -> str:
+    """verdict, steps compared, max relative difference: `match 3 (2.1e-07)`."""
+    if r.verdict in ("n/a", "error"):
+        return r.verdict
+    rel = "" if r.verify_max_rel is None else f" ({r.verify_max_rel:.1e})"
+    return f"{r.verdict} {r.verify_steps}{rel}"
 
 
 def table_rows(results: list[Result]) -> list[tuple[str, ...]]:
@@ -361,7 +378,7 @@ def table_rows(results: list[Result]) -> list[tuple[str, ...]]:
         rows.append((r.name, yes_no(no_edit), yes_no(r.parses),
                      "-" if r.idioms_left is None else str(r.idioms_left),
                      r.original.status, yes_no(runs) if r.migrated.status != "timeout" else "timeout",
-                     recompiles, r.loss, _short(r.reason)))
+                     recompiles, r.loss, verify_cell(r), _short(r.reason)))
     return rows
 
 
@@ -392,9 +409,11 @@ def summary_line(results: list[Result]) -> str:
     checked = len(results) - len(runnable)
     apart = (f"; {checked} checked only (needs an edit to run); {len(ran)}/{len(results)} "
              f"of all entries ({len(ran) / len(results):.0%})") if checked else ""
+    verified = [r for r in results if r.verdict in ("match", "diverged")]
     return (f"{len(results)} scripts from {len(repos)} repositories; {len(ran)}/{len(runnable)} "
             f"runnable ports ran to their end with no edit{share}{apart}; losses within "
-            f"{LOSS_RTOL:.0%}: {len(matched)}/{len(compared)} compared")
+            f"{LOSS_RTOL:.0%}: {len(matched)}/{len(compared)} compared; tpukit verify: "
+            f"{sum(r.verdict == 'match' for r in verified)}/{len(verified)} match")
 
 
 def reason_of(r: Result) -> str:
@@ -402,6 +421,8 @@ def reason_of(r: Result) -> str:
         return f"needs edit: {r.needs_edit}"
     if r.migrate_exit == 2 or r.parses is False:
         return f"migrate: {r.parse_error}"
+    if r.migrated.status == "not run" and r.verdict != "n/a":  # --verify-only
+        return f"verify: {r.verdict}" + (f": {r.verify_detail}" if r.verify_detail else "")
     if r.migrated.status == "timeout":
         return (f"port timeout after {r.migrated.wall_s:.0f} s: {r.steps} step(s), {r.compiles} "
                 f"compile(s) so far")
@@ -410,6 +431,8 @@ def reason_of(r: Result) -> str:
         if r.original.status in ("failed", "timeout") and r.original.error == r.migrated.error:
             return f"both failed: {what}"
         return f"port {r.migrated.status}: {what}" + (f" [{r.migrated.where}]" if r.migrated.where else "")
+    if r.verdict == "diverged":
+        return f"verify: diverged at {r.verify_detail}"
     if r.loss == "differ":
         return f"loss differs: {r.loss_detail}"
     if r.recompiles_after_warmup:
@@ -516,7 +539,7 @@ def base_env(entry: dict, tree: Path, sites: list[Path], seed_dir: Path | None) 
 
 
 def run_entry(entry: dict, mirrors: Path, work: Path, python: str, sites: list[Path],
-              timeout: float) -> Result:
+              timeout: float, verify_only: bool = False) -> Result:
     r = Result(name=entry["name"], repo=entry["repo"], path=entry["path"],
                needs_edit=entry.get("needs_edit", ""))
     steps = entry.get("steps", 0)
@@ -540,6 +563,7 @@ def run_entry(entry: dict, mirrors: Path, work: Path, python: str, sites: list[P
     if not r.needs_edit:
         RECIPES[entry.get("data", "none")](orig / cwd_rel, entry)
         RECIPES[entry.get("data", "none")](port / cwd_rel, entry)
+    if not r.needs_edit and not verify_only:
         env = base_env(entry, orig, sites, seed_dir)
         cmd = [python, script_rel, *args, *[str(a) for a in entry.get("original_args", [])]]
         log = work / "original.log"
@@ -582,7 +606,9 @@ def run_entry(entry: dict, mirrors: Path, work: Path, python: str, sites: list[P
     except (json.JSONDecodeError, KeyError):
         pass
 
-    if not r.needs_edit and r.parses:
+    if verify_only and not r.needs_edit and r.parses:
+        verify_entry(r, entry, orig, port, cwd_rel, args, work, python, sites, seed_dir, timeout)
+    elif not r.needs_edit and r.parses:
         report_path = work / "run.json"
         env["PJRT_DEVICE"] = "CPU"
         cmd = [python, "-m", "tpukit", "run", "--json", str(report_path)]
@@ -629,8 +655,45 @@ def run_entry(entry: dict, mirrors: Path, work: Path, python: str, sites: list[P
             r.loss, r.loss_detail = "n/a", f"original {r.original.status} on CPU: {r.original.error}"
         if steps == 0:
             r.loss, r.loss_detail = "n/a", "the script prints no loss"
+        if r.migrated.status in ("ok", "stopped"):
+            verify_entry(r, entry, orig, port, cwd_rel, args, work, python, sites, seed_dir,
+                         timeout)
     r.reason = reason_of(r)
     return r
+
+
+def verify_entry(r: Result, entry: dict, orig: Path, port: Path, cwd_rel: str, args: list[str],
+                 work: Path, python: str, sites: list[Path], seed_dir: Path | None,
+                 timeout: float) -> None:
+    """`tpukit verify` of the original (its tree) against the port (the migrated tree), run
+    where the port runs: each step's loss from the tensor whose backward() runs."""
+    if entry.get("pythonpath"):
+        r.verify_detail = ("not run: the script imports the repository's packages from "
+                           "PYTHONPATH, and verify runs both sides with one environment")
+        return
+    out = work / "verify.json"
+    env = base_env(entry, port, sites, seed_dir)
+    cmd = [python, "-m", "tpukit", "verify", "--json", str(out), "--port",
+           str(port / entry["path"]), "--steps", str(entry.get("verify_steps", 3)),
+           "--timeout", str(timeout)]
+    cmd += [f"--original-arg={a}" for a in entry.get("original_args", [])]
+    cmd += [str(orig / entry["path"]), "--", *args]
+    code, status, _ = run_process(cmd, port / cwd_rel, env, work / "verify.log", 4 * timeout)
+    try:
+        summary = json.loads(out.read_text())["summary"]
+    except (OSError, json.JSONDecodeError, KeyError):
+        r.verdict, r.verify_detail = "error", f"verify {status} (exit {code}), no report"
+        return
+    r.verdict = summary["verdict"]
+    r.verify_steps = summary.get("steps_compared")
+    r.verify_max_rel = summary.get("max_rel_diff")
+    if r.verdict == "error":
+        r.verify_detail = f"{summary.get('failed_side')}: {summary.get('error')}"
+    elif r.verdict == "diverged":
+        r.verify_detail = (f"step {summary['first_divergent_step']}: "
+                           f"{(summary.get('where') or {}).get('text', '')}")
+    elif summary.get("not_comparable_why"):
+        r.verify_detail = summary["not_comparable_why"]
 
 
 def _python_files(tree: Path, targets: list[str]) -> list[Path]:
@@ -657,6 +720,8 @@ def main() -> int:
     parser.add_argument("--python", default=sys.executable, help="the interpreter (with torch, torch_xla)")
     parser.add_argument("--timeout", type=float, default=180, help="seconds per run (a manifest entry may say)")
     parser.add_argument("--keep", type=Path, help="keep each script's folders and logs under this folder")
+    parser.add_argument("--verify-only", action="store_true",
+                        help="migrate and `tpukit verify` each script; no separate runs")
     args = parser.parse_args()
     entries = load_manifest(args.manifest)
     only = {n for x in args.only for n in x.split(",") if n}
@@ -671,7 +736,8 @@ def main() -> int:
         work = Path(tempfile.mkdtemp(prefix=f"corpus-{entry['name']}-"))
         print(f"... {entry['name']} ({entry['repo']}:{entry['path']})", file=sys.stderr, flush=True)
         try:
-            result = run_entry(entry, args.mirrors, work, args.python, args.site, args.timeout)
+            result = run_entry(entry, args.mirrors, work, args.python, args.site, args.timeout,
+                               args.verify_only)
         except (OSError, subprocess.CalledProcessError) as exc:
             result = Result(name=entry["name"], repo=entry["repo"], path=entry["path"],
                             reason=f"harness: {exc}")

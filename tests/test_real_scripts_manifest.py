@@ -198,3 +198,14 @@ def test_a_terminal_stdin_answers_stty_size(tmp_path):
     code, _, _ = real_scripts.run_process(["stty", "size"], tmp_path, {"PATH": "/usr/bin:/bin"},
                                           log, timeout=20)
     assert code != 0   # without it, stdin is /dev/null: not a terminal
+
+
+def test_the_verify_column_says_verdict_steps_and_difference():
+    r = _result(parses=True, idioms_left=0, migrated=real_scripts.Run(status="ok"),
+                verdict="match", verify_steps=3, verify_max_rel=2.1e-7)
+    assert real_scripts.table_rows([r])[0][-2] == "match 3 (2.1e-07)"
+    d = _result(parses=True, idioms_left=0, migrated=real_scripts.Run(status="ok"),
+                verdict="diverged", verify_steps=3, verify_max_rel=0.2,
+                verify_detail="step 1: the optimizer differs")
+    assert real_scripts.reason_of(d) == "verify: diverged at step 1: the optimizer differs"
+    assert "tpukit verify: 1/2 match" in real_scripts.summary_line([r, d])

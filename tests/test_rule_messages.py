@@ -441,10 +441,10 @@ def test_an_engine_message_file_is_checked_like_a_rule_file(tmp_path, monkeypatc
         ('[targets.tpu.messages]\nvalue = "ok"\n', r"unknown key 'tpu' in \[targets\]"),
     ]:
         path.write_text(text)
-        rules.engine_messages.cache_clear()
+        rules._engine_messages.cache_clear()
         with pytest.raises(RuleError, match=error):
             rules.engine_messages("call-map")
-    rules.engine_messages.cache_clear()
+    rules._engine_messages.cache_clear()
 
 
 def _shell_keys() -> set[str]:

@@ -349,3 +349,32 @@ def test_a_parenthesized_guard_over_cuda_only_code_is_put_back():
     assert "z = 1 if(bool(xr.device_type()))else 0" in new
     assert "s = th.cuda.Stream() if(th.cuda.is_available())else None" in new
     assert migrate(new).new_source == new
+
+
+def test_a_mask_write_on_a_name_some_binding_makes_a_numpy_array_stays():
+    # ultralytics' YOLOE predictor: `masks = np.stack(...)` rebinds a parameter its callers
+    # give tensors; `masks[masks == 0] = 1` then writes a NumPy array (no masked_fill_)
+    migration = migrate("""
+        import numpy as np
+        import torch
+
+        def paste(masks):
+            masks = np.stack([m for m in masks])
+            masks[masks == 0] = 1
+            return masks
+
+        def run():
+            return paste(torch.zeros(2, 3).cuda())
+        """)
+    assert "masks[masks == 0] = 1" in migration.new_source
+    assert "masked_fill_" not in migration.new_source
+    # a mask read of a NumPy array is the host's: no data-dependent shape on the device
+    read = migrate("""
+        import numpy as np
+        import torch
+
+        def pick(ids):
+            mm = np.zeros_like(ids)
+            return mm[mm == 0], torch.zeros(3).cuda()
+        """)
+    assert not [f for f in read.findings if f.code == "TPU502"]

@@ -195,6 +195,49 @@ def doctor(
     raise typer.Exit(code)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def verify(
+    ctx: typer.Context,
+    script: Path = typer.Argument(..., help="The original script; what follows `--` is its argv."),
+    port: Optional[Path] = typer.Option(
+        None, "--port", help="The ported script (default: a migrated temporary copy)."),
+    steps: int = typer.Option(10, "--steps", min=1, help="Training steps to compare."),
+    rtol: Optional[float] = typer.Option(
+        None, "--rtol", min=0.0, help="Relative tolerance per step (default: 1e-3, or 5e-2 "
+                                      "when the port computes in bfloat16)."),
+    seed: int = typer.Option(0, "--seed", help="The seed both runs start from."),
+    verify_target: Optional[str] = typer.Option(None, "--target",
+                                                help="xla (default) or torchtpu: the migration's."),
+    fmt: Format = typer.Option(Format.TEXT, "--format", help="Report format."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the JSON report here."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=1.0,
+                                            help="Seconds each side may run."),
+    original_arg: Optional[List[str]] = typer.Option(
+        None, "--original-arg", help="An argument for the original's run only, after ARGS "
+                                     "(`--original-arg=--device=cpu` where its default is CUDA). "
+                                     "Repeatable."),
+) -> None:
+    """Run the original (CPU) and its port (XLA) side by side and compare every step's loss.
+    Exit 0 match, 1 diverged, 2 a side could not run, 3 nothing comparable."""
+    from tpukit.errors import UsageError
+    from tpukit.verify.command import VerifyRequest, run_verify
+
+    args = list(ctx.args)
+    if args and args[0] == "--":
+        args.pop(0)
+    if verify_target is not None and verify_target not in TARGETS:
+        fail(f"unknown target {verify_target!r}: choose {' or '.join(TARGETS)}")
+    request = VerifyRequest(script=script, args=args, port=port, steps=steps, rtol=rtol,
+                            seed=seed, target=verify_target or "xla", fmt=fmt.value,
+                            json_path=json_path, timeout=timeout,
+                            original_args=list(original_arg or []))
+    try:
+        code = run_verify(request)
+    except UsageError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
                                 "allow_interspersed_args": False})
 def run(

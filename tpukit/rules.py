@@ -19,8 +19,9 @@ TARGETS = ("xla", "torchtpu")
 _CODE = re.compile(r"^TPU\d{3}$")
 _REQUIRED = ("code", "name", "severity", "fix", "summary", "why", "reference")
 # Rules about the environment (doctor), a running script (run), suppression comments or shell
-# scripts (migrate's scan of *.sh files), not about Python source code.
-NON_CODE_ENGINES = ("doctor", "runner", "shell", "suppress")
+# scripts (migrate's scan of *.sh files), a port's verification (verify), not about Python
+# source code.
+NON_CODE_ENGINES = ("doctor", "runner", "shell", "suppress", "verify")
 
 
 class RuleError(Exception):
@@ -308,12 +309,17 @@ def engine_say(engine: str, key: str, /, target: str = "xla", **values) -> str:
     return template.format(**values)
 
 
-@lru_cache(maxsize=None)
 def engine_messages(engine: str) -> dict[str, dict[str, str]]:
     """Target -> {key -> template} of rules/engines/ENGINE.toml (the messages an engine's code
     says for every rule built on it), {} where the engine has no such file. Checked like a
-    rule file's message tables: a file holds `[targets.T.messages]` tables and nothing else."""
-    path = rules_dir() / "engines" / f"{engine}.toml"
+    rule file's message tables: a file holds `[targets.T.messages]` tables and nothing else.
+    Read once per rules folder: a folder read in passing (a test's) leaves no answer behind."""
+    return _engine_messages(rules_dir(), engine)
+
+
+@lru_cache(maxsize=None)
+def _engine_messages(folder: Path, engine: str) -> dict[str, dict[str, str]]:
+    path = folder / "engines" / f"{engine}.toml"
     if engine not in MESSAGE_FILES or not path.is_file():
         return {}
     text = path.read_text(encoding="utf-8")

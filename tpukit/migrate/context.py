@@ -34,6 +34,8 @@ from tpukit.migrate.nodes import (  # noqa: F401 - the helpers rule code imports
     with_string,
 )
 from tpukit.migrate.nodes import walk
+from tpukit.migrate import policy
+from tpukit.migrate.analysis.cuda_code import cuda_only_module
 from tpukit.migrate.sink import IMPORTS, EditSink, Report  # noqa: F401
 
 # What says code works with a device: its tensors may be XLA's.
@@ -86,9 +88,22 @@ class MigrationContext:
         self.received = received
         self.module_name = module_name
         self.library_code = self.package_module and owner is Owner.LIBRARY
+        if self.library_code and (why := cuda_only_module(module, module_name or path)):
+            sink.cuda_only.append(why)  # the whole module: findings only
         self.at_import_time = devices.at_import_time
         self.import_time_reason = devices.import_time_reason
         self.bind_device, self.device_in_scope = devices.bind, devices.in_scope
+
+    def owner_leaves(self, rule: str, case: str) -> bool:
+        """Does the policy table (rules/catalog/ownership.toml) keep `case` of `rule` (a
+        code, or an engine's name) as written in this file's code? Program code: never."""
+        if not self.library_code:
+            return False
+        return policy.action(self.owner, rule, case) != "rewrite"
+
+    def owner_reports(self, rule: str, case: str) -> bool:
+        """... and with a finding (the table's "report"; "leave" says nothing)."""
+        return self.library_code and policy.action(self.owner, rule, case) == "report"
 
     @property
     def values(self) -> Values:

@@ -20,7 +20,7 @@ from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionPr
 
 from tpukit.config import EAGER_MODES
 from tpukit.findings import Finding, FixKind, Location
-from tpukit.migrate import helpers
+from tpukit.migrate import helpers, library_mode
 from tpukit.migrate.context import IMPORTS, MigrationContext, dotted, string_value
 from tpukit.migrate.guards import (
     cuda_only_function,
@@ -207,6 +207,8 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
             return migrate_source(source, path, dataclasses.replace(options, held=held))
     if not ctx.reports:
         return _silenced(Migration(source, source), silenced, suppressions, path, options)
+    if ctx.library_code and any(r.applied for r in ctx.reports):
+        new_module = _confine(module, new_module, ctx)
     positions = trial.positions if trial is not None else _positions(module, layout, ctx.reports)
     findings = _findings(ctx, ctx.reports, positions, path)
     changed = any(r.applied for r in ctx.reports)
@@ -218,10 +220,18 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
                          suppressions, path, options)
     new_module = _fix_imports(new_module, ctx)
     new_module = helpers.insert(new_module, ctx.helpers_needed)
+    if ctx.library_code:
+        new_module = _library_helper_imports(new_module, ctx)
     if options.eager_mode is not None and not _SETS_EAGER_MODE.search(source):
         new_module = _set_eager_mode(new_module, ctx, options.eager_mode)
     new_source = new_module.code
     _check_still_python(source, new_source, path)
+    if ctx.library_code:
+        broken = library_mode.broken_contract(source, new_source, ctx.target, set(helpers.SOURCES))
+        if broken is not None:
+            raise MigrationBug(f"the library-mode port would change the code as written at "
+                               f"{broken} where the TPU runtime is not imported; file left "
+                               "unchanged, please report this")
     return _silenced(Migration(source, new_source, findings, changed=new_source != source),
                      silenced, suppressions, path, options)
 
@@ -377,6 +387,9 @@ class Rewriter(cst.CSTTransformer):
         ctx = self.ctx
         ctx.reached(node)
         if id(node) in self.skip:
+            return False
+        if ctx.library_code and library_mode.confined(node, ctx.target):
+            self.skip.add(id(node))  # the port and the code as written, chosen at run time
             return False
         if id(node) in self.top_level:
             ctx.sink.current_top = node
@@ -720,6 +733,8 @@ def _fix_imports(module: cst.Module, ctx: MigrationContext) -> cst.Module:
         needed.update(helpers.IMPORTS_OF[helper])
     if not needed and not ctx.side_effect_imports:
         return module
+    if ctx.library_code:
+        return _library_imports(module, ctx, needed)
     if ctx.package_module and ctx.target == "xla" and not ctx.side_effect_imports \
             and not ctx.helpers_needed:
         local = _import_in_functions(module, needed, ctx)
@@ -732,6 +747,56 @@ def _fix_imports(module: cst.Module, ctx: MigrationContext) -> cst.Module:
     for mod in sorted(ctx.side_effect_imports):
         AddImportsVisitor.add_needed_import(context, mod)
     return AddImportsVisitor(context).transform_module(module)
+
+
+def _confine(original: cst.Module, ported: cst.Module, ctx: MigrationContext) -> cst.Module:
+    """Library mode: every change of the port under the runtime's test (library_mode.py); the
+    rewrites in definition headers, kept as written, are reported as not applied."""
+    ours = set(IMPORTS) - {"torch"} - library_mode.top_level_imports(original)
+    confined, confinement = library_mode.confine(
+        original, ported, ctx.target, lambda expr: bool(library_mode.names_used(expr) & ours))
+    kept = {id(node) for part in confinement.kept_headers for node in walk(part)}
+    for report in ctx.reports:
+        if report.applied and id(report.node) in kept:
+            report.applied = False
+            report.message += engine_say("migrate", "library_header", ctx.target)
+    if confinement.used:
+        ctx.helpers_needed.add(library_mode.TESTS[ctx.target][0])
+    return confined
+
+
+def _library_imports(module: cst.Module, ctx: MigrationContext, needed: set[str]) -> cst.Module:
+    """Library mode: what the port imports of the TPU runtime, inside the confined branches
+    that use it (importing the library never imports it); torch at the top."""
+    bound = library_mode.top_level_imports(ctx.module)
+    statements = {}
+    for alias, (mod, asname) in IMPORTS.items():
+        if alias != "torch" and alias not in bound:
+            statements[alias] = f"import {mod} as {asname}" if asname else f"import {mod}"
+    module = module.visit(library_mode.BranchImports(
+        ctx.target, statements, sorted(ctx.side_effect_imports), ctx.device_type))
+    if "torch" in needed and "torch" not in bound:
+        context = CodemodContext()
+        AddImportsVisitor.add_needed_import(context, "torch")
+        module = AddImportsVisitor(context).transform_module(module)
+    return module
+
+
+def _library_helper_imports(module: cst.Module, ctx: MigrationContext) -> cst.Module:
+    """Library mode: the inserted helpers import the TPU runtime inside their functions."""
+    wanted = set(IMPORTS) - {"torch"} - library_mode.top_level_imports(ctx.module)
+    at = [i for i, s in enumerate(module.body) if isinstance(s, (cst.FunctionDef, cst.ClassDef))
+          and s.name.value in ctx.helpers_needed]
+    if not at:
+        return module
+    alone = cst.Module(body=[module.body[i] for i in at])
+    finder = _FunctionUses(wanted)
+    alone.visit(finder)
+    alone = alone.visit(_AddLocalImports(finder.uses))
+    body = list(module.body)
+    for i, stmt in zip(at, alone.body):
+        body[i] = stmt
+    return module.with_changes(body=body)
 
 
 def _import_in_functions(module: cst.Module, needed: set[str],

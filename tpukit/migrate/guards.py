@@ -19,6 +19,7 @@ import libcst as cst
 from tpukit.findings import FixKind
 from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string, string_value
 from tpukit.migrate.analysis import catalog as K
+from tpukit.migrate.analysis.catalog import cuda_catalog, under
 from tpukit.migrate.nodes import first, walk
 from tpukit.rules import engine_say, load_rules
 
@@ -32,7 +33,8 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
     # CUDA's too, and runs once the guard is true.
     # (library code only: in a program "is there CUDA" has one answer everywhere, and
     # `not cuda and not mps` is `not tpu and not mps` on a TPU host)
-    vendor = _other_vendor(ctx, updated.test) if found.uses and ctx.library_code else None
+    vendor = _other_vendor(ctx, updated.test) if found.uses and ctx.owner_leaves(
+        "guards", "other_gpu") else None
     in_test = (residual_cuda(ctx, updated.test) or vendor) if found.uses else None
     deferred = []
     bfloat16 = {}  # id of a float16 the guard picks -> torch.bfloat16
@@ -58,7 +60,7 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
             # a guard that leaves the block)
             deferred.append((key, None))
             continue
-        moved = _only_moves(ctx, guarded) if ctx.library_code else None
+        moved = _only_moves(ctx, guarded) if ctx.owner_leaves("guards", "speed_moves") else None
         if moved is not None:
             # transformers' mxfp4 dequantizer: `if not blocks.is_cuda and
             # torch.cuda.is_available(): blocks = blocks.cuda()` computes on the GPU when there
@@ -70,10 +72,11 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
         # float16 picked because a GPU is there: in a library it stays the GPU's choice; in
         # the program it is the accelerator's, and a TPU computes in bfloat16.
         left = residual_cuda(ctx, guarded, isinstance(updated, cst.IfExp),
-                             half=ctx.library_code) if guarded is not None else None
+                             half=ctx.owner_leaves("guards", "half")) \
+            if guarded is not None else None
         if left is not None:
             restore[key] = _put_back(ctx, key, left)
-        elif guarded is not None and not ctx.library_code and (
+        elif guarded is not None and not ctx.owner_leaves("guards", "half") and (
                 halves := _halves(ctx, guarded)):
             bfloat16.update(halves)
             report = ctx.guards[key][1]
@@ -107,7 +110,7 @@ def library_cuda_choice(ctx: MigrationContext, node: cst.If | cst.IfExp | cst.As
     runtime to synchronize a CPU model, and accelerate's Megatron-LM integration passed its
     `assert torch.cuda.is_available(), "Megatron requires CUDA."`. The whole statement (its
     branches too) stays as written, with findings; None where the test asks nothing of CUDA."""
-    if not ctx.library_code:
+    if not ctx.owner_leaves("guards", "cuda_choice"):
         return None
 
     def compute() -> str | None:
@@ -193,15 +196,13 @@ def _only_moves(ctx: MigrationContext, guarded) -> str | None:
 # Other vendors' GPUs: `not torch.cuda.is_available() and not torch.xpu.is_available()` asks
 # "is there a GPU" (transformers' AWQ kernels, which are CUDA/XPU only), not "is there an
 # accelerator", so it stays False on a TPU.
-_OTHER_GPUS = ("torch.xpu", "torch.mps", "torch.backends.mps", "torch.mtia", "torch.npu",
-               "torch.mlu", "torch.musa", "torch.hpu", "torch.version.hip")
+# (the namespaces: rules/catalog/cuda.toml's other_gpu_namespaces)
 
 
 def _other_vendor(ctx: MigrationContext, test: cst.BaseExpression) -> str | None:
     def vendor(node: cst.CSTNode) -> str | None:
         name = ctx.qualify(node) if isinstance(node, cst.Attribute) else None
-        hit = name and any(name == m or name.startswith(m + ".") for m in _OTHER_GPUS)
-        return ctx.short(node) if hit else None
+        return ctx.short(node) if cuda_catalog().other_gpu(name) else None
 
     return first(test, vendor)
 
@@ -350,10 +351,7 @@ def _put_back(ctx: MigrationContext, key: int, left: str, where: str = "",
 
 # What no rule ports (streams, events, graphs, RNG state, NVTX): a flag whose `if` leads to
 # one of these is a CUDA-only guard.
-_CUDA_ONLY_USE = re.compile(r"torch\.cuda\.(?:Stream|stream|current_stream|default_stream|"
-                            r"set_stream|Event|graph|CUDAGraph|graphs|nvtx|get_rng_state|"
-                            r"set_rng_state|comm|nccl|jiterator|get_device_capability|"
-                            r"get_arch_list|get_device_properties)\b")
+# (rules/catalog/cuda.toml's cuda_only_torch)
 # A compiler no rule ports: `nvcc_args`, `self.nvcc_flags()`.
 _NVCC = re.compile(r"nvcc", re.I)
 
@@ -371,8 +369,8 @@ def _unported_call(target: str, name: str) -> bool:
 def unported_cuda_call(target: str, name: str | None) -> bool:
     """`name` (qualified) is CUDA-only code no rule ports: `torch.cuda.get_device_properties`,
     `torch.cuda.Stream`."""
-    used = _CUDA_ONLY_USE.match(name or "")
-    return bool(used) and _unported_call(target, used.group(0))
+    used = cuda_catalog().cuda_only_torch_api(name)
+    return used is not None and _unported_call(target, used)
 
 
 def _guards_cuda_only(ctx: MigrationContext, name: str) -> str | None:
@@ -458,7 +456,7 @@ class _UnportedCuda(cst.CSTVisitor):
             name = self.ctx.qualify(node)
             if name is not None and name.startswith("torch.cuda"):
                 if unported_cuda_call(self.ctx.target, name):
-                    self.found = _CUDA_ONLY_USE.match(name).group(0)
+                    self.found = cuda_catalog().cuda_only_torch_api(name)
                 return False  # anything else under torch.cuda has a rule
             if name is not None and not name.startswith("torch.backends") and (
                     _cuda_only(name) or "cuda" in name.lower()):
@@ -587,18 +585,6 @@ def _is_device_index(ctx: MigrationContext, node: cst.Assign) -> bool:
 _CUDA_WORD = re.compile(r"(?:cuda|nccl)\Z", re.I)  # BNB_BACKEND = "CUDA", backend = "nccl"
 
 
-# Beyond the TPU9xx rules' modules: libraries only a CUDA machine has.
-# Kernels packages with CUDA (or Triton-on-GPU) kernels only: mamba's selective scan and
-# causal conv1d, flash-linear-attention, FlashAttention 3's interface; NVIDIA's Megatron-LM
-# and Transformer Engine (fused CUDA kernels, NCCL; accelerate's integration asserts CUDA).
-# torch's CUDA graphs, outside torch.cuda.
-_CUDA_GRAPH_CALLS = ("torch._inductor.cudagraph_mark_step_begin",
-                     "torch.compiler.cudagraph_mark_step_begin")
-_CUDA_ONLY_EXTRA = ("tensorrt", "pycuda", "numba.cuda", "cuda", "mamba_ssm", "causal_conv1d",
-                    "fla", "flash_attn_interface", "flash_attn_3", "megatron",
-                    "transformer_engine")
-
-
 def cuda_only_function(node: cst.FunctionDef, ctx: MigrationContext | None = None) -> str | None:
     """Why a function is CUDA-only code, which tpukit does not rewrite (its findings stay for
     a person): it is a module's own `cuda()` method (an override of `nn.Module.cuda`), its
@@ -606,7 +592,7 @@ def cuda_only_function(node: cst.FunctionDef, ctx: MigrationContext | None = Non
     library code, it picks among other vendors' devices (`_vendor_dispatch`). What it is
     called says nothing."""
     why = _overrides_cuda(node, ctx) or _importing(node)
-    if why is None and ctx is not None and ctx.library_code:
+    if why is None and ctx is not None and ctx.owner_leaves("guards", "vendor_dispatch"):
         why = ctx.memo(("vendor_dispatch", id(node)), lambda: _vendor_dispatch(ctx, node))
     return why
 
@@ -618,10 +604,6 @@ def _overrides_cuda(node: cst.FunctionDef, ctx: MigrationContext | None) -> str 
     return engine_say("migrate", "why_named_cuda", name=node.name.value)
 
 
-# Other vendors' device types, as strings (`torch.device("npu")`, `getattr(torch, "xpu")`).
-OTHER_DEVICE_TYPES = frozenset({"xpu", "npu", "hpu", "mps", "mlu", "musa", "sdaa", "mtia"})
-
-
 def _vendor_dispatch(ctx: MigrationContext, node: cst.FunctionDef) -> str | None:
     """Library code that picks among vendors: a function that names another vendor's device
     (`torch.xpu`, `torch.device("npu")`) beside CUDA. DeepSpeed's `get_accelerator` asks
@@ -630,11 +612,11 @@ def _vendor_dispatch(ctx: MigrationContext, node: cst.FunctionDef) -> str | None
     host (its XLA path sets the device elsewhere). The library supports the devices it names;
     XLA's support, if it has any, is its own code."""
     def other(n: cst.CSTNode) -> str | None:
-        if isinstance(n, cst.SimpleString) and string_value(n) in OTHER_DEVICE_TYPES:
+        if isinstance(n, cst.SimpleString) and string_value(n) in cuda_catalog().other_device_types:
             return n.value
         if isinstance(n, cst.Attribute):
             name = ctx.qualify(n)
-            if name and any(name == m or name.startswith(m + ".") for m in _OTHER_GPUS):
+            if cuda_catalog().other_gpu(name):
                 return ctx.short(n)
         return None
     said = first(node.body, other)
@@ -684,32 +666,13 @@ def _imported(node: cst.Import | cst.ImportFrom) -> list[str]:
 
 
 def _cuda_library(name: str) -> bool:
-    """A module only a CUDA machine has: a TPU9xx rule's, or TensorRT, pycuda, numba.cuda."""
-    return _cuda_only(name) or name in _CUDA_GRAPH_CALLS or any(
-        name == m or name.startswith(m + ".") for m in _CUDA_ONLY_EXTRA)
-
-
-# Names code uses for a CUDA-only library: `bnb` (bitsandbytes, as its users import it).
-_LIBRARY_ALIASES = {"bnb": "bitsandbytes"}
-
-
-def names_cuda_library(name: str) -> str | None:
-    """The CUDA-only library whose name's words a function (or module) name holds in a row
-    (`is_flash_attn_3_available`: flash_attn; `quantizer_bnb_4bit`: bitsandbytes), or None."""
-    words = name.split("_")
-    alias = next((_LIBRARY_ALIASES[w] for w in words if w in _LIBRARY_ALIASES), None)
-    if alias is not None:
-        return alias
-    for module in (*cuda_only_modules(), *_CUDA_ONLY_EXTRA):
-        parts = module.split(".")[0].split("_")
-        if len(parts[0]) > 3 and any(words[i:i + len(parts)] == parts
-                                     for i in range(len(words) - len(parts) + 1)):
-            return module
-    return None
+    """A module only a CUDA machine has (rules/catalog/cuda.toml, the TPU9xx rules' modules)."""
+    return cuda_catalog().cuda_only_library(name)
 
 
 def _cuda_only(name: str) -> bool:
-    return bool(name) and any(name == m or name.startswith(m + ".") for m in cuda_only_modules())
+    """A module a TPU9xx rule flags (its own finding says what to use instead)."""
+    return bool(name) and under(name, cuda_only_modules())
 
 
 @functools.cache

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tpukit.migrate import library_mode
+
 # What a legacy typed tensor does when called (both targets' `_XlaTensorType`/`_TpuTensorType`):
 # sizes make an uninitialised tensor of its dtype on the device, data a copy of the data there.
 _TENSOR_TYPE_CALL = '''    def __call__(self, *data):
@@ -177,7 +179,10 @@ def _inputs_to_device(module):
     return module
 ''',
 }
-IMPORTS_OF: dict[str, tuple[str, ...]] = {"_xla_memory_stat": ("xm", "torch_xla"),
+for _target, (_name, _) in library_mode.TESTS.items():
+    SOURCES[_name] = library_mode.helper_source(_target)
+IMPORTS_OF: dict[str, tuple[str, ...]] = {**{name: () for name, _ in library_mode.TESTS.values()},
+                                          "_xla_memory_stat": ("xm", "torch_xla"),
                                           "_XlaTensorType": ("torch", "torch_xla"),
                                           "_TpuTensorType": ("torch", "torch_tpu"),
                                           "_XlaTimingEvent": ("xm", "torch_xla"),

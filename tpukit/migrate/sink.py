@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import libcst as cst
 
@@ -39,45 +38,6 @@ class Report:
     severity: Severity | None = None  # when it differs from the rule's (nothing to do: info)
 
 
-def _cuda_only_module(path: str) -> str | None:
-    """A package module whose package path names another vendor (DeepSpeed's
-    npu_accelerator.py: that vendor's code), or says cuda, cudnn, triton or nccl (torch/cuda/amp,
-    torch/_dynamo/backends/cudagraphs.py, bitsandbytes/triton/...), or names a CUDA-only
-    library (bitsandbytes' own package, transformers' quantizer_bnb_4bit.py, accelerate's
-    utils/bnb.py: bitsandbytes' integration, whose CUDA checks flipped put 4-bit models on
-    XLA, where bitsandbytes has no backend: 0.48.1 has cpu, cuda, default, hpu, triton, xpu), is
-    CUDA's own code."""
-    # imported here: guards imports context, which imports this module
-    from tpukit.migrate.guards import OTHER_DEVICE_TYPES, names_cuda_library
-
-    if not path:
-        return None
-    file = Path(path)
-    parts = [file.stem]
-    folder = file.parent
-    while (folder / "__init__.py").is_file() and folder != folder.parent:
-        parts.append(folder.name)
-        folder = folder.parent
-    if len(parts) == 1:
-        return None  # a script, not a package's module (fixtures' cuda.py included)
-    for part in parts:
-        vendor = next((w for w in part.lower().split("_") if w in OTHER_DEVICE_TYPES), None)
-        if vendor is not None:
-            # DeepSpeed's accelerator/npu_accelerator.py, sdaa_accelerator.py: another vendor's
-            # backend of the library, whose pin_memory and streams are that device's
-            return engine_say("migrate", "why_vendor_module", module=".".join(reversed(parts)),
-                              part=part)
-        if re.search(r"cuda|cudnn|triton|nccl", part, re.I):
-            said = part
-        elif library := names_cuda_library(part.lower()):
-            said = f"{part}: {library}, a CUDA-only library"
-        else:
-            continue
-        return engine_say("migrate", "why_cuda_module", module=".".join(reversed(parts)),
-                          part=said)
-    return None
-
-
 class EditSink:
     def __init__(self, target: str, unsafe_fixes: bool, names: Names, path: str = "") -> None:
         self.target = target
@@ -97,7 +57,9 @@ class EditSink:
         self.held: dict[str, str] = {}  # rule code -> why its fixes are held (MigrateOptions)
         self.guarded_after: dict[int, list[tuple[int, frozenset[str] | None]]] = {}
         # why the enclosing functions (or this module) are CUDA-only code: findings only
-        self.cuda_only: list[str] = [why] if (why := _cuda_only_module(path)) else []
+        # (a library module that is CUDA's or another vendor's own code starts with its why:
+        # context.MigrationContext, analysis/cuda_code.py)
+        self.cuda_only: list[str] = []
         self.current_top: cst.CSTNode | None = None  # the top-level statement being walked
         self.fstring_quotes: list[str] = []  # quotes of the f-strings around the current node
 

@@ -4,6 +4,10 @@ never from the name of the variable that holds it."""
 
 from __future__ import annotations
 
+import functools
+import tomllib
+from dataclasses import dataclass
+
 # Kinds of values (values.py computes a frozenset of these for an expression).
 DEVICE = "device"  # a device, as an object or a string
 CUDA = "cuda"  # ... that is (or may be) CUDA's: "cuda", "cuda:0", torch.device("cuda")
@@ -205,3 +209,56 @@ DEVICE_ARGUMENT_CALLS = {"accelerate.utils.send_to_device": 1,
                          "accelerate.utils.operations.send_to_device": 1}
 # Keywords that take how many processes to start.
 PROCESS_COUNT_KEYWORDS = frozenset({"nprocs", "nproc_per_node", "num_processes", "world_size"})
+
+
+# -- the CUDA catalog (rules/catalog/cuda.toml) ------------------------------------------------
+@dataclass(frozen=True)
+class CudaCatalog:
+    cuda_only_libraries: tuple[str, ...]  # with the TPU9xx rules' modules (`cuda_only_import`)
+    cuda_graph_calls: frozenset[str]
+    cuda_only_torch: tuple[str, ...]
+    other_gpu_namespaces: tuple[str, ...]
+    other_device_types: frozenset[str]
+    other_vendor_libraries: tuple[str, ...]
+
+    def cuda_only_library(self, module: str) -> bool:
+        """Is `module` (an imported module's dotted name) one only a CUDA machine has?"""
+        return module in self.cuda_graph_calls or under(module, self.cuda_only_libraries)
+
+    def cuda_only_torch_api(self, name: str | None) -> str | None:
+        """The catalogued torch.cuda API `name` (qualified) is, or is under, else None."""
+        return next((api for api in self.cuda_only_torch if name and under(name, (api,))), None)
+
+    def other_gpu(self, name: str | None) -> bool:
+        return bool(name) and under(name, self.other_gpu_namespaces)
+
+    def other_vendor_library(self, module: str) -> bool:
+        return under(module, self.other_vendor_libraries)
+
+
+def under(name: str, prefixes) -> bool:
+    """Is `name` one of the dotted `prefixes`, or a name inside one?"""
+    return bool(name) and any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def cuda_catalog() -> CudaCatalog:
+    """rules/catalog/cuda.toml, read once per rules folder."""
+    from tpukit.rules import rules_dir
+
+    return _cuda_catalog(rules_dir())
+
+
+@functools.cache
+def _cuda_catalog(folder) -> CudaCatalog:
+    from tpukit.rules import load_rules
+
+    data = tomllib.loads((folder / "catalog" / "cuda.toml").read_text(encoding="utf-8"))
+    flagged = tuple(m for rule in load_rules().values()
+                    if rule.extra.get("engine") == "cuda-only-import" for m in rule.extra["modules"])
+    return CudaCatalog(
+        cuda_only_libraries=flagged + tuple(data["cuda_only_libraries"]),
+        cuda_graph_calls=frozenset(data["cuda_graph_calls"]),
+        cuda_only_torch=tuple(data["cuda_only_torch"]),
+        other_gpu_namespaces=tuple(data["other_gpu_namespaces"]),
+        other_device_types=frozenset(data["other_device_types"]),
+        other_vendor_libraries=tuple(data["other_vendor_libraries"]))

@@ -59,7 +59,7 @@ class Autocast(Transform):
         if not self._is_fp16(original.value) or not any(
                 self.ctx.values.uses_of(K.AUTOCAST_DTYPE, t.target) for t in original.targets):
             return None
-        if self.ctx.library_code:
+        if self.ctx.owner_leaves("TPU201", "float16_dtype"):
             return None  # a library's choice for its CUDA path
         return self.fix_or_report(
             original.value, self.say("float16_held", code=self.ctx.short(original)),
@@ -89,7 +89,7 @@ class Autocast(Transform):
                     if a.keyword and a.keyword.value not in ("device_type", "dtype")]
             return self._rewrite(original, updated, kept)
         if literal is None and self._is_fp16(dtype.value if dtype else None):
-            if self.ctx.library_code:
+            if self.ctx.owner_leaves("TPU201", "float16_autocast"):
                 # accelerate's mixed-precision context: `state.device.type`, the CPU of a
                 # MULTI_CPU run, whose fp16 autocast would have become bfloat16 there
                 self.ctx.report(self.rule, original, self.say(
@@ -212,7 +212,7 @@ class GradScaler(Transform):
         # lightning's MixedPrecision plugin: its scaler serves the fp16 autocast of the device
         # the library picks (CUDA, or the CPU of a TPU host), which stays fp16: without the
         # scaler that training ran unscaled (gradients underflow)
-        if self.library_leaves(node, lambda: message + self.say("library")):
+        if self.library_leaves(node, "scaler", lambda: message + self.say("library")):
             return None
         return super().fix_or_report(node, message, build, fix)
 

@@ -97,7 +97,7 @@ class CallMap(Transform):
         call = node.value
         if "remove" in entry:
             if entry.get("library_keeps"):
-                if self.library_leaves(call, lambda: self.say(
+                if self.library_leaves(call, "kept_call", lambda: self.say(
                         "library_kept", call=self.ctx.short(call))):
                     return None  # a no-op without CUDA: on a TPU host it does what it did
             note = f'removed "{self.ctx.short(call)}": {entry["remove"]}'
@@ -237,7 +237,7 @@ class CallMap(Transform):
             # lightning's RunIf(bf16_cuda=True): `not (torch.cuda.is_available() and
             # torch.cuda.is_bf16_supported())` read the XLA runtime and ran CUDA tests on a
             # TPU host (and on a CPU host with torch_xla)
-            if self.library_leaves(node, lambda: self.say(
+            if self.library_leaves(node, "cuda_query", lambda: self.say(
                     "library_query", call=self.ctx.short(node))):
                 return None
         held = self._held_name()

@@ -18,7 +18,7 @@ class BackendFlags(Transform):
 
     def _remove(self, statement: cst.CSTNode):
         text = self.ctx.short(statement)
-        if self.library_leaves(statement, lambda: self.say("library", code=text)):
+        if self.library_leaves(statement, "flag", lambda: self.say("library", code=text)):
             return None  # transformers' enable_full_determinism: CUDA's determinism, kept
         return self.fix_or_report(
             statement, self.say("flag", code=text),

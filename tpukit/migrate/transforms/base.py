@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from tpukit.findings import FixKind, Severity
+from tpukit.migrate import policy
 from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.context import MigrationContext
 from tpukit.rules import Rule, engine_say
@@ -66,17 +67,20 @@ class Transform:
         rules/engines/ENGINE.toml), `{name}` fields filled from `values`."""
         return self.rule.say(self.ctx.target, key, **values)
 
-    def library_leaves(self, node: cst.CSTNode, message) -> bool:
-        """In library code (context.library_code): `node` reported with `message()`, left as it
-        is (True); elsewhere, and in CUDA-only code (whose own finding says why), False. For
-        what does nothing on a TPU host as written (a cuDNN flag, `torch.cuda.empty_cache()`),
-        asks for the host's CUDA, or is the library's own choice of how to run (its
-        `torch.compile` backend): the port would change only its CUDA path, or start the XLA
-        runtime where the library runs on the CPU."""
-        if not self.ctx.library_code or self.ctx.cuda_only:
+    def library_leaves(self, node: cst.CSTNode, case: str, message) -> bool:
+        """Where the policy table keeps `case` of this rule as written in this file's code
+        (rules/catalog/ownership.toml: library code's own choices), `node` is reported with
+        `message()` (the table's "report") and left (True); elsewhere, and in CUDA-only code
+        (whose own finding says why), False. For what does nothing on a TPU host as written
+        (a cuDNN flag, `torch.cuda.empty_cache()`), asks for the host's CUDA, or is the
+        library's own choice of how to run (its `torch.compile` backend)."""
+        rule = self.rule.code if self.rule.code in policy.table().get("library", {}) \
+            else self.rule.extra.get("engine", self.rule.code)
+        if self.ctx.cuda_only or not self.ctx.owner_leaves(rule, case):
             return False
-        self.ctx.report(self.rule, node, message(), applied=False, fix=FixKind.NONE,
-                        severity=Severity.INFO)
+        if self.ctx.owner_reports(rule, case):
+            self.ctx.report(self.rule, node, message(), applied=False, fix=FixKind.NONE,
+                            severity=Severity.INFO)
         return True
 
     def library_keeps_cuda_check(self, node: cst.CSTNode, shown: cst.CSTNode) -> bool:
@@ -85,7 +89,7 @@ class Transform:
         generate: `self.device.type == "cuda"` turns on torch.compile with inductor, which
         raised `KeyError: 'xla'` on XLA); the library's path for other devices is the one it
         supports for CPU, MPS or XLA, and what the original ran on a TPU."""
-        if not self.ctx.library_code:
+        if not self.ctx.owner_leaves(self.rule.code, "cuda_check"):
             return False
         self.ctx.report(self.rule, node, engine_say("migrate", "library_cuda_check",
                                                     self.ctx.target, code=self.ctx.short(shown)),

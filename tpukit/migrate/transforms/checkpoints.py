@@ -58,7 +58,7 @@ class CheckpointSave(Transform):
             self.ctx.report(self.rule, node, self.say("rng_tuples", code=self.ctx.short(node)),
                             applied=False, fix=FixKind.NONE)
             return None
-        if self.ctx.library_code:
+        if self.ctx.owner_leaves("TPU304", "save"):
             # library code saves as it decides who writes (peft's save_pretrained takes
             # is_main_process; transformers' Trainer has its own XLA branch): xm.save would
             # start the runtime for a model on the CPU (timm's repghost_model_convert, peft,

@@ -118,7 +118,7 @@ class CudaDevice(Transform):
     def _library_choice(self, node: cst.CSTNode) -> bool:
         """`"cuda" if torch.cuda.is_available() else "cpu"` in library code: the CPU on a
         TPU host, as before (transformers' SageMaker arguments put the Trainer on XLA)."""
-        return self.library_leaves(node, lambda: self.say(
+        return self.library_leaves(node, "cuda_or_cpu", lambda: self.say(
             "library_choice", code=self.ctx.short(node)))
 
     def visit_IfExp(self, node: cst.IfExp):
@@ -553,7 +553,7 @@ class SeedXla(Transform):
         workers = self.ctx.values.worker_init_functions()
         if any(id(f) in workers for f in self.ctx.functions):
             return None  # a DataLoader worker's init: the XLA runtime must not start there
-        if self.ctx.library_code:
+        if self.ctx.owner_leaves("TPU118", "seed"):
             # transformers' serving seeds each request, on whatever device its model is: a
             # CPU server on a TPU host started the XLA runtime (and claimed the TPU) there
             self.ctx.report(self.rule, original, self.say("library", code=self.ctx.short(call)),

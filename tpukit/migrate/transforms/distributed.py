@@ -47,6 +47,7 @@ DEFAULT_BACKEND = "torch.distributed.get_default_backend_for_device"
 _OTHER_LAUNCHER_ENV = re.compile(r"^(?:OMPI_COMM_WORLD_\w+|PMI_(?:RANK|SIZE)|PMIX_RANK|"
                                  r"SLURM_(?:PROCID|NTASKS|LOCALID)|MV2_COMM_WORLD_\w+)$")
 _CUDA_OR_CPU_BACKEND = re.compile(r"\b(?:nccl|gloo)\b")  # "nccl", "cuda:nccl,cpu:gloo"
+_NCCL = re.compile(r"\bnccl\b", re.I)
 # Backend names: a scope that writes several picks the backend at run time, for the device it
 # finds (transformers' tensor parallelism: {"cuda": "nccl", "cpu": "gloo", ...}).
 _BACKEND_NAMES = frozenset({"nccl", "gloo", "mpi", "ccl", "xccl", "hccl", "ucc"})
@@ -197,7 +198,7 @@ class ProcessGroup(Transform):
         """The name of the library function (a package module's) whose parameter the backend
         argument is, else None."""
         function = self.ctx.functions[-1] if self.ctx.functions else None
-        if not (self.ctx.library_code and backend is not None
+        if not (self.ctx.owner_leaves("TPU401", "given_backend") and backend is not None
                 and isinstance(backend.value, cst.Name) and isinstance(function, cst.FunctionDef)):
             return None
         params = function.params
@@ -233,7 +234,7 @@ class ProcessGroup(Transform):
         """`name` holds a process-group backend (its name says so) and `value` writes "nccl":
         the setting becomes the TPU's backend, wherever init_process_group reads it (here, or
         in the script that imports this module or parses this argument)."""
-        if not self.mapping or "nccl" not in self.ctx.code(value):
+        if not self.mapping or not _writes_nccl(value):
             return None
         backend = self.mapping.get("backend", "xla")
         swap = _NcclLiterals(backend)
@@ -241,7 +242,8 @@ class ProcessGroup(Transform):
         if not swap.changed:
             return None
         top = self.ctx.current_top
-        if self.ctx.library_code and isinstance(top, cst.ClassDef) and not self.ctx.functions:
+        if self.ctx.owner_leaves("TPU401", "class_default") and isinstance(top, cst.ClassDef) \
+                and not self.ctx.functions:
             # a field's default in library code (accelerate's InitProcessGroupKwargs): callers
             # pass "nccl" themselves, and code compares fields with their defaults (its
             # to_kwargs sends only what differs), so a new default sends their "nccl" on
@@ -393,7 +395,15 @@ def _library_cpu_group(ctx, backend: cst.Arg | None) -> bool:
     """Is this init_process_group of library code one that names no NCCL (gloo, or the
     default, which is gloo where there is no CUDA)? The library's CPU group: it runs on a TPU
     host as written."""
-    return ctx.library_code and (backend is None or "nccl" not in ctx.code(backend.value).lower())
+    return ctx.owner_leaves("TPU401", "cpu_group") and (
+        backend is None or not _writes_nccl(backend.value))
+
+
+def _writes_nccl(expr: cst.BaseExpression) -> bool:
+    """Does `expr` hold the string "nccl" (alone, or in "cuda:nccl,cpu:gloo")? Its strings'
+    values decide, not its text: a name that says nccl is only a name."""
+    return any(isinstance(n, cst.SimpleString) and _NCCL.search(string_value(n) or "")
+               for n in walk(expr))
 
 
 # An availability test as the user wrote it, or as TPU110 wrote it (`bool(xr.device_type())`):
@@ -572,7 +582,8 @@ class SpawnLaunch(Transform):
         """Library code starts its own processes, as many as it asks for (fairscale's
         `spawn_for_all_world_sizes`: `world_size` CPU processes over gloo on a TPU host, where
         `torch_xla.launch` starts one per TPU device and the group waited for the rest)."""
-        return self.library_leaves(call, lambda: self.say("library", code=self.ctx.short(call)))
+        return self.library_leaves(call, "spawn",
+                                   lambda: self.say("library", code=self.ctx.short(call)))
 
     def visit_Expr(self, node: cst.Expr):
         return self._spawn_statement(node, node.value)
@@ -609,7 +620,8 @@ class SpawnLaunch(Transform):
         the runtime): take the real one from torch_xla."""
         call = spawned_functions(self.ctx).get(id(original))
         if (call is None or not self.ctx.can_fix(self.rule)
-                or "world_size" not in self.mapping or self.ctx.library_code):
+                or "world_size" not in self.mapping
+                or self.ctx.owner_leaves("TPU404", "world_size")):
             return None
         world = _world_parameter(self.ctx, original, call)
         if world is None or not isinstance(updated.body, cst.IndentedBlock):
@@ -684,7 +696,7 @@ class TorchrunRanks(Transform):
                     return None  # ... or they go to a group TPU401 leaves (its backend chosen)
                 if id(node) in self.device_values:
                     return self._rank_device(node, node, is_to=False)
-                if self.ctx.library_code:
+                if self.ctx.owner_leaves("TPU405", "rank"):
                     # lightning's TorchElasticEnvironment: torchrun sets these for CPU, GPU
                     # and XLA runs alike; as `xr.world_size()` a CPU DDP run on a TPU host
                     # started the XLA runtime in every process and read world size 1, rank 0
@@ -799,7 +811,7 @@ class CompileBackend(Transform):
         mode = find_keyword(original, "mode")
         if self.mapping.get("drop_modes"):
             return self._drop_mode(original, updated, mode)
-        if self.library_leaves(original, lambda: self.say(
+        if self.library_leaves(original, "compile", lambda: self.say(
                 "library", code=self.ctx.short(original))):
             return None
         dropped = ""
@@ -832,7 +844,7 @@ class CompileBackend(Transform):
             return None  # a bare `@torch.compile` has no mode to drop
         if self.ctx.qualify(original.decorator) != "torch.compile":
             return None  # `@torch.compile(...)` is a call: leave_Call above
-        if self.library_leaves(original.decorator, lambda: self.say(
+        if self.library_leaves(original.decorator, "decorator", lambda: self.say(
                 "library", code=self.ctx.short(original.decorator))):
             return None
         return self.fix_or_report(

@@ -154,8 +154,10 @@ class DataDependentShape(Transform):
         if not isinstance(mask, cst.Comparison):
             return None
         # a NumPy array (`mm = np.zeros_like(ids); mm[ids == k] = 1`) has no masked_fill_
+        # (a name some binding may make one: `masks = np.stack(masks)` over a parameter the
+        # callers give tensors, whichever binding reaches this line)
         names = [n for n in (target.value, mask.left) if isinstance(n, cst.Name)]
-        if any(host_value(self.ctx, n) for n in names):
+        if any(host_value(self.ctx, n) or K.NUMPY in self.ctx.values.kinds(n) for n in names):
             return None
         return target if _scalar(node.value) else None
 
@@ -200,7 +202,7 @@ class DataDependentShape(Transform):
         # a comparison, or a variable the dataflow says holds a boolean tensor
         boolean = isinstance(index, cst.Comparison) or (
             isinstance(index, (cst.Name, cst.Attribute)) and K.BOOL in self.ctx.values.kinds(index))
-        if boolean:
+        if boolean and not host_value(self.ctx, original.value):  # a NumPy array's is the host's
             self.ctx.report(self.rule, original,
                             self.say("masked_index", code=self.ctx.short(original)),
                             applied=False, fix=FixKind.NONE)

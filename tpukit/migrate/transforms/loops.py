@@ -58,7 +58,7 @@ def loader_in_iter(ctx, loop: cst.For) -> tuple[cst.BaseExpression, list] | None
     if is_loader(ctx, expr):
         return expr, path
     if isinstance(expr, (cst.Name, cst.Attribute)) and not ctx.values.kinds(expr) \
-            and not ctx.library_code and _moves_items(ctx, loop):
+            and not ctx.owner_leaves("TPU301", "given_loop") and _moves_items(ctx, loop):
         # (library code keeps a loop whose iterable it is given as it is: its caller's)
         return expr, path
     return None
@@ -377,7 +377,7 @@ class DeviceLoader(Transform):
                             self.say("library", code=self.ctx.short(loader)),
                             applied=False, fix=FixKind.NONE, severity=Severity.INFO)
             return None
-        if self.ctx.library_code and not scope_moves_to_cuda(self.ctx):
+        if self.ctx.owner_leaves("TPU301", "own_device") and not scope_moves_to_cuda(self.ctx):
             # fairscale's pipe benchmark: `device = torch.device("cuda") if
             # torch.cuda.is_available() else torch.device("cpu")` stays (library code), so its
             # batches stay on the CPU of a TPU host: a device loader to that device would start
@@ -565,7 +565,7 @@ class StepBarrier(Transform):
     def _library_barrier_left(self) -> str | None:
         """Why library code (a package module) gets no barrier here (the finding's message), or
         None."""
-        if not self.ctx.library_code:
+        if not self.ctx.owner_leaves("TPU303", "barrier"):
             return None
         if _IMPORTS_TORCH_XLA.search(self.ctx.source):
             # diffusers' pipelines: `if XLA_AVAILABLE: xm.mark_step()` in the denoising loop;

@@ -1,0 +1,128 @@
+"""`tpukit verify`: the original on the CPU, the port on XLA:CPU, every step's loss compared;
+a faithful port matches, a changed one diverges at the right step and is located."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tpukit.verify.compare import compare_losses, describe, locate, relative
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "fixtures" / "verify" / "train.py"
+ATTENTION = ROOT / "fixtures" / "verify" / "attention.py"
+
+
+# -- the comparison, on numbers ---------------------------------------------------------------
+def test_a_step_beyond_the_tolerance_is_the_first_divergent_one():
+    result = compare_losses([1.0, 0.9, 0.8], [1.0, 0.9, 0.7], 1e-3, [])
+    assert (result.verdict, result.first_divergent_step, result.steps_compared) == \
+        ("diverged", 2, 3)
+    assert result.max_rel_diff == pytest.approx(0.125)
+
+
+def test_steps_after_device_randomness_are_not_compared_never_called_diverged():
+    rng = [{"step": 1, "what": "scaled_dot_product_attention(dropout_p=...)"}]
+    result = compare_losses([1.0, 0.9, 0.8], [1.0, 0.5, 0.1], 1e-3, rng)
+    assert (result.verdict, result.steps_compared, result.comparable_until) == ("match", 1, 1)
+    assert "draws random numbers on its device" in result.not_comparable_why
+    nothing = compare_losses([1.0], [2.0], 1e-3, [{"step": 0, "what": "x"}])
+    assert nothing.verdict == "incomparable" and nothing.first_divergent_step is None
+
+
+def test_nan_on_both_sides_agrees_and_on_one_does_not():
+    assert relative(float("nan"), float("nan")) == 0.0
+    assert relative(1.0, float("nan")) == float("inf")
+
+
+def test_the_place_is_the_update_before_then_the_first_module_then_the_loss():
+    calls = [{"module": "fc1", "norm": 2.0}, {"module": "fc2", "norm": 3.0}]
+    same = {"calls": calls, "gradient_norm": 1.0, "update_norm": 0.1, "loss_line": "t.py:9"}
+    assert locate(2, same, {**same, "update_norm": 0.2}, 1e-3)["kind"] == "update"
+    assert locate(2, same, {**same, "gradient_norm": 2.0}, 1e-3)["kind"] == "gradient"
+    moved = locate(0, same, {**same, "calls": [calls[0], {"module": "fc2", "norm": 4.0}]}, 1e-3)
+    assert (moved["kind"], moved["module"]) == ("module", "fc2")
+    loss = locate(0, same, dict(same), 1e-3)
+    assert loss["kind"] == "loss" and "t.py:9" in describe(loss)
+
+
+# -- whole runs on XLA:CPU --------------------------------------------------------------------
+def _port(tmp_path: Path, run_cli, edit=None) -> Path:
+    port = tmp_path / "port.py"
+    shutil.copy(SCRIPT, port)
+    run_cli("migrate", "-q", str(port), check_rc=None)
+    if edit is not None:
+        text = port.read_text()
+        old, new = edit
+        assert old in text
+        port.write_text(text.replace(old, new))
+    return port
+
+
+def _verify(run_cli, tmp_path: Path, *args, rc: int) -> dict:
+    out = tmp_path / "verify.json"
+    run_cli("verify", "--json", str(out), *args, check_rc=rc, cwd=tmp_path)
+    return json.loads(out.read_text())["summary"]
+
+
+@pytest.mark.xla
+def test_a_faithful_port_matches_step_by_step(tmp_path, run_cli):
+    summary = _verify(run_cli, tmp_path, str(SCRIPT), "--steps", "4", "--", "--dropout", "0.3",
+                      rc=0)
+    assert summary["verdict"] == "match" and summary["steps_compared"] == 4
+    assert summary["first_divergent_step"] is None and summary["max_rel_diff"] < 1e-5
+    assert len(summary["losses"]["original"]) == len(summary["losses"]["port"]) == 4
+    assert summary["sides"]["port"]["devices"] == ["xla"]
+    assert summary["sides"]["original"]["devices"] == ["cpu"]
+
+
+@pytest.mark.xla
+def test_a_bfloat16_port_is_compared_with_the_bfloat16_tolerance(tmp_path, run_cli):
+    # the original's CUDA autocast is off on the CPU (float32); the port's is bfloat16 on XLA
+    summary = _verify(run_cli, tmp_path, str(SCRIPT), "--steps", "3", "--", "--amp", rc=0)
+    assert summary["sides"]["port"]["low_precision"] == ["bfloat16"]
+    assert summary["sides"]["original"]["low_precision"] == []
+    assert summary["rtol"] == 5e-2 and "bfloat16" in summary["rtol_basis"]
+    assert 1e-6 < summary["max_rel_diff"] < 5e-2
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize("edit,step,kind", [
+    (("lr=args.lr,", "lr=args.lr * 2,"), 1, "update"),
+    (("    optimizer.zero_grad()\n", "    pass\n"), 2, "gradient"),
+    (("nn.CrossEntropyLoss()", 'nn.CrossEntropyLoss(reduction="sum")'), 0, "module"),
+], ids=["learning-rate", "no-zero-grad", "loss-reduction"])
+def test_a_changed_port_diverges_at_its_step_and_is_located(tmp_path, run_cli, edit, step, kind):
+    port = _port(tmp_path, run_cli, edit)
+    summary = _verify(run_cli, tmp_path, str(SCRIPT), "--port", str(port), "--steps", "4", rc=1)
+    assert summary["verdict"] == "diverged" and summary["first_divergent_step"] == step
+    assert summary["where"]["kind"] == kind
+    if kind == "module":
+        assert summary["where"]["module"] == "CrossEntropyLoss"
+
+
+@pytest.mark.xla
+def test_dropout_the_port_draws_on_its_device_is_not_comparable(tmp_path, run_cli):
+    summary = _verify(run_cli, tmp_path, str(ATTENTION), "--steps", "3", rc=3)
+    assert summary["verdict"] == "incomparable" and summary["first_divergent_step"] is None
+    assert "scaled_dot_product_attention" in summary["not_comparable_why"]
+
+
+@pytest.mark.xla
+def test_a_side_that_cannot_run_is_named_with_its_error(tmp_path, run_cli):
+    broken = _port(tmp_path, run_cli, ("criterion = nn.CrossEntropyLoss()",
+                                       "criterion = nn.CrossEntropyLoss(\n    )\n"
+                                       "raise RuntimeError('no such kernel')"))
+    proc = run_cli("verify", str(SCRIPT), "--port", str(broken), "--steps", "2", check_rc=2,
+                   cwd=tmp_path)
+    assert re.search(r"could not run the port: RuntimeError: no such kernel", proc.stdout)
+
+
+def test_a_missing_script_is_one_line_and_exit_2(tmp_path, run_cli):
+    proc = run_cli("verify", str(tmp_path / "nope.py"), check_rc=2, cwd=tmp_path)
+    assert proc.stderr.strip().endswith("nope.py: no such file")
+    assert "Traceback" not in proc.stderr

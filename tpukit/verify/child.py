@@ -1,0 +1,337 @@
+"""One side of `tpukit verify`, in a process of its own: the script runs as `python SCRIPT
+ARGS` would run it, seeded the same way on both sides, and every training step's loss is read
+from the run itself: the tensor whose `backward()` runs. A step ends at an optimizer's step
+(micro-steps of gradient accumulation are averaged into it); a script that steps no optimizer
+has one step per backward.
+
+Random numbers are made comparable where they can be: the host's generator draws them on both
+sides. Dropout's masks are drawn on the host and moved to the input's device (on both sides,
+so both use the same masks); the random factory functions and in-place fills (`torch.randn(...,
+device=d)`, `x.normal_()`, `torch.multinomial`) draw on the host and move their result when
+the device is not the CPU. What stays on the device's own generator (dropout inside
+`scaled_dot_product_attention`, the feature dropouts) is recorded with its step: from there on
+the two runs cannot be compared.
+
+With `--locate K` the output norm of every module call of step K is recorded in call order,
+with the parameters' norm when that step's first forward starts, and the gradients' norm
+and the update's size of step K-1: where the two runs first differ (command.py compares them).
+
+    python -m tpukit.verify.child --out OUT.json [--steps N] [--locate K] [--seed S] SCRIPT ARGS
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import traceback
+from pathlib import Path
+
+
+class StopVerify(Exception):
+    """The steps asked for are done."""
+
+
+def _first_tensor(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _norm(tensor) -> float:
+    return float(tensor.detach().float().norm().cpu())
+
+
+def _user_line(script: Path) -> str | None:
+    """`file:line` of the innermost frame in the script's folder (the backward's caller)."""
+    folder = str(script.resolve().parent)
+    for frame in reversed(traceback.extract_stack()):
+        if frame.filename.startswith(folder) and "/tpukit/" not in frame.filename:
+            return f"{Path(frame.filename).name}:{frame.lineno}"
+    return None
+
+
+class Recorder:
+    def __init__(self, script: Path, steps: int | None, locate: int | None, seed: int) -> None:
+        self.script = script
+        self.max_steps = steps
+        self.locate = locate
+        self.seed = seed
+        self.micro: list = []  # this step's losses (tensors, read at the end)
+        self.steps: list[list] = []
+        self.backwards = 0
+        self.optimizer_steps = 0
+        self.loss_line: str | None = None
+        self.device_rng: list[dict] = []  # {"step", "what"}: randomness the host cannot draw
+        self.low_precision: set[str] = set()  # "bfloat16"/"float16" seen in a forward
+        self.devices: set[str] = set()
+        self.calls: list[dict] = []  # --locate: {"module", "norm"} in call order
+        self.parameters_norm: float | None = None
+        self.gradient_norm: float | None = None  # --locate K: step K-1's, at its update
+        self.update_norm: float | None = None  # how far step K-1's update moved the parameters
+        self._before: list = []
+        self._depth = 0
+        self._names: dict[int, str] = {}
+
+    @property
+    def step(self) -> int:
+        return len(self.steps)
+
+    # -- losses and steps ------------------------------------------------------------------
+    def install(self) -> None:
+        import torch
+        from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                           register_optimizer_step_pre_hook)
+
+        recorder = self
+        backward = torch.Tensor.backward
+
+        def recorded_backward(tensor, *args, **kwargs):
+            if tensor.numel() == 1 and tensor.requires_grad:
+                recorder.backwards += 1
+                recorder.micro.append(tensor.detach().reshape(()))
+                recorder.loss_line = recorder.loss_line or _user_line(recorder.script)
+            return backward(tensor, *args, **kwargs)
+
+        torch.Tensor.backward = recorded_backward
+        register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: self._stepping(optimizer))
+        register_optimizer_step_post_hook(lambda optimizer, args, kwargs: self._stepped(optimizer))
+        torch.nn.modules.module.register_module_forward_pre_hook(self._pre_forward)
+        torch.nn.modules.module.register_module_forward_hook(self._forward)
+        self._install_randomness()
+
+    def _watched(self) -> bool:
+        """The update of the step before the one located is measured (its gradients, and how
+        far it moved the parameters)."""
+        return self.locate is not None and self.locate > 0 and self.step == self.locate - 1
+
+    def _stepping(self, optimizer) -> None:
+        if not self._watched() or not self.micro:
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grads = [float(p.grad.detach().float().pow(2).sum().cpu()) for p in params
+                 if p.grad is not None]
+        self.gradient_norm = math.sqrt((self.gradient_norm or 0.0) ** 2 + sum(grads))
+        self._before = [(p, p.detach().clone()) for p in params]
+
+    def _stepped(self, optimizer=None) -> None:
+        if self._watched() and self._before:
+            moved = sum(float((p.detach() - old).float().pow(2).sum().cpu())
+                        for p, old in self._before)
+            self.update_norm = math.sqrt((self.update_norm or 0.0) ** 2 + moved)
+            self._before = []
+        if not self.micro:
+            return  # a second optimizer of the same step (GANs: one step, two losses each)
+        self.optimizer_steps += 1
+        self.steps.append(self.micro)
+        self.micro = []
+        if self.max_steps is not None and self.step >= self.max_steps:
+            raise StopVerify
+
+    def losses(self) -> list[float]:
+        steps = self.steps
+        if not self.optimizer_steps:  # no optimizer: one step per backward
+            steps = [[loss] for loss in self.micro]
+            if self.max_steps is not None:
+                steps = steps[: self.max_steps]
+        return [sum(float(t.float().cpu()) for t in step) / len(step) for step in steps]
+
+    # -- modules: precision, and the norms of step `locate` ---------------------------------
+    def _pre_forward(self, module, args):
+        import torch
+
+        if self._depth == 0:
+            if id(module) not in self._names:
+                self._names.update({id(m): name or type(module).__name__
+                                    for name, m in module.named_modules()})
+            if self.step == self.locate and self.parameters_norm is None:
+                squares = [float(p.detach().float().pow(2).sum().cpu())
+                           for p in module.parameters()]
+                self.parameters_norm = math.sqrt(sum(squares)) if squares else None
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            device = first.device.type if first is not None else "cpu"
+            self.devices.add(device)
+            for kind in {device, "cpu"}:
+                try:
+                    if torch.is_autocast_enabled(kind):
+                        self.low_precision.add(str(torch.get_autocast_dtype(kind)).split(".")[-1])
+                except (RuntimeError, TypeError):
+                    pass
+            for parameter in module.parameters():
+                if parameter.dtype in (torch.bfloat16, torch.float16):
+                    self.low_precision.add(str(parameter.dtype).split(".")[-1])
+                break
+        self._depth += 1
+
+    def _forward(self, module, args, output):
+        self._depth -= 1
+        if self.locate is not None and self.step == self.locate and not self.micro:
+            tensor = _first_tensor(output)
+            if tensor is not None and tensor.is_floating_point():
+                self.calls.append({"module": self._names.get(id(module), type(module).__name__),
+                                   "norm": _norm(tensor)})
+
+    # -- randomness ------------------------------------------------------------------------
+    def _install_randomness(self) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        recorder = self
+        masks = torch.Generator().manual_seed(self.seed + 1)
+
+        def dropout(input, p=0.5, training=True, inplace=False):
+            if not training or p == 0:
+                return original_dropout(input, p, training, inplace)
+            keep = torch.rand(input.shape, generator=masks) >= p
+            scale = keep.to(dtype=input.dtype, device=input.device) / (1 - p) if p < 1 \
+                else torch.zeros_like(input)
+            return input.mul_(scale) if inplace else input * scale
+
+        original_dropout = F.dropout
+        F.dropout = dropout
+
+        def on_device_only(name, original):
+            def wrapper(*args, **kwargs):
+                tensor = _first_tensor(args)
+                training = kwargs.get("training", args[2] if len(args) > 2 else True)
+                p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+                if tensor is not None and tensor.device.type != "cpu" and training and p:
+                    recorder.device_rng.append({"step": recorder.step, "what": name})
+                return original(*args, **kwargs)
+            return wrapper
+
+        for name in ("dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+                     "feature_alpha_dropout"):
+            setattr(F, name, on_device_only(f"torch.nn.functional.{name}", getattr(F, name)))
+        attention = F.scaled_dot_product_attention
+
+        def scaled_dot_product_attention(query, *args, **kwargs):
+            if kwargs.get("dropout_p", args[3] if len(args) > 3 else 0.0) and \
+                    query.device.type != "cpu":
+                recorder.device_rng.append({"step": recorder.step,
+                                            "what": "scaled_dot_product_attention(dropout_p=...)"})
+            return attention(query, *args, **kwargs)
+
+        F.scaled_dot_product_attention = scaled_dot_product_attention
+        self._host_factories(torch)
+
+    def _host_factories(self, torch) -> None:
+        """Random factories and fills that would draw on the device draw on the host."""
+
+        def device_of(kwargs):
+            device = kwargs.get("device")
+            return torch.device(device) if device is not None else None
+
+        def factory(original):
+            def wrapper(*args, **kwargs):
+                device = device_of(kwargs)
+                if device is None or device.type == "cpu" or kwargs.get("generator") is not None:
+                    return original(*args, **kwargs)
+                kwargs["device"] = "cpu"
+                return original(*args, **kwargs).to(device)
+            return wrapper
+
+        def like(original):
+            def wrapper(input, *args, **kwargs):
+                device = device_of(kwargs) or input.device
+                if device.type == "cpu":
+                    return original(input, *args, **kwargs)
+                kwargs["device"] = "cpu"
+                kwargs.setdefault("dtype", input.dtype)
+                return original(torch.empty(input.shape, dtype=input.dtype), *args,
+                                **kwargs).to(device)
+            return wrapper
+
+        def drawn_from(original):  # torch.multinomial(probs), torch.bernoulli(p), normal(mean)
+            def wrapper(input, *args, **kwargs):
+                if not isinstance(input, torch.Tensor) or input.device.type == "cpu" \
+                        or kwargs.get("generator") is not None:
+                    return original(input, *args, **kwargs)
+                return original(input.cpu(), *args, **kwargs).to(input.device)
+            return wrapper
+
+        def fill(original):
+            def wrapper(tensor, *args, **kwargs):
+                if tensor.device.type == "cpu" or kwargs.get("generator") is not None:
+                    return original(tensor, *args, **kwargs)
+                drawn = original(torch.empty(tensor.shape, dtype=tensor.dtype), *args, **kwargs)
+                with torch.no_grad():
+                    return tensor.copy_(drawn)
+            return wrapper
+
+        for name in ("rand", "randn", "randint", "randperm", "normal"):
+            wrap = drawn_from if name == "normal" else factory
+            setattr(torch, name, _keep_doc(wrap(getattr(torch, name)), getattr(torch, name)))
+        for name in ("rand_like", "randn_like", "randint_like"):
+            setattr(torch, name, like(getattr(torch, name)))
+        for name in ("multinomial", "bernoulli", "poisson"):
+            setattr(torch, name, drawn_from(getattr(torch, name)))
+        for name in ("multinomial", "bernoulli"):
+            setattr(torch.Tensor, name, drawn_from(getattr(torch.Tensor, name)))
+        for name in ("normal_", "uniform_", "bernoulli_", "random_", "exponential_",
+                     "geometric_", "cauchy_", "log_normal_"):
+            setattr(torch.Tensor, name, fill(getattr(torch.Tensor, name)))
+
+
+def _keep_doc(wrapper, original):
+    wrapper.__doc__ = original.__doc__
+    return wrapper
+
+
+def _seed(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed)
+    except ImportError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tpukit.verify.child")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--locate", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("script", type=Path)
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    options = parser.parse_args(argv)
+    from tpukit.run.script import run_target
+
+    _seed(options.seed)
+    recorder = Recorder(options.script, options.steps, options.locate, options.seed)
+    recorder.install()
+    outcome = run_target(str(options.script), None, options.args, (StopVerify,))
+    result = {"outcome": outcome.kind, "exit_code": outcome.exit_code, "error": outcome.error,
+              "backwards": recorder.backwards, "optimizer_steps": recorder.optimizer_steps,
+              "loss_line": recorder.loss_line, "device_rng": recorder.device_rng,
+              "low_precision": sorted(recorder.low_precision),
+              "devices": sorted(recorder.devices), "calls": recorder.calls,
+              "parameters_norm": recorder.parameters_norm,
+              "gradient_norm": recorder.gradient_norm, "update_norm": recorder.update_norm}
+    try:
+        result["losses"] = recorder.losses()
+    except Exception as exc:  # a loss that cannot be read back (the device failed)
+        result.update(outcome="error", error=f"reading the losses: {type(exc).__name__}: {exc}",
+                      losses=[])
+    options.out.write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""`tpukit verify SCRIPT [--port PORT] -- ARGS`: does the port train as the original does?
+
+Without `--port`, the script and the local modules it imports are copied to a temporary
+folder (the rest of the script's folder is linked there, so files found next to `__file__`
+are found) and migrated there. The original runs on the CPU with CUDA hidden, the port on
+XLA (the TPU, or XLA:CPU where there is none), each in a process of its own (child.py) with
+the same seeds, one after the other; each step's loss is compared (compare.py). At the first
+step that differs,
+both runs are repeated up to that step with the modules' outputs recorded, to say where
+inside the step they first differ.
+
+Exit status: 0 match, 1 diverged, 2 one side could not run (or bad usage), 3 nothing was
+comparable (the port draws its randomness on the device from the first step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpukit.errors import UsageError
+from tpukit.verify.compare import compare_losses, default_rtol, describe, locate
+
+EXIT = {"match": 0, "diverged": 1, "incomparable": 3}
+RANDOMNESS = ("dropout masks and the random numbers asked for on the device are drawn from "
+              "the host's generator on both sides")
+
+
+@dataclass
+class VerifyRequest:
+    script: Path
+    args: list[str] = field(default_factory=list)
+    port: Path | None = None
+    steps: int = 10
+    rtol: float | None = None
+    seed: int = 0
+    target: str = "xla"
+    fmt: str = "text"
+    json_path: Path | None = None
+    timeout: float | None = None
+    original_args: list[str] = field(default_factory=list)  # after `args`, the original's only
+
+
+def _mirror(folder: Path, copied: set[Path], dest: Path) -> None:
+    """`dest` mirrors `folder`: the files in `copied` are copies (the migration writes them),
+    folders holding one are made, everything else is a link to the original."""
+    for entry in folder.iterdir():
+        target = dest / entry.name
+        resolved = entry.resolve()
+        if resolved in copied:
+            shutil.copy2(entry, target)
+        elif entry.is_dir() and not entry.is_symlink() and any(
+                resolved in path.parents for path in copied):
+            target.mkdir()
+            _mirror(entry, copied, target)
+        else:
+            target.symlink_to(resolved)
+
+
+def make_port(script: Path, work: Path, target: str) -> tuple[Path, str]:
+    """A migrated copy of `script` (and its local modules) under `work`: (its path, the
+    migration's summary line)."""
+    from tpukit.migrate.local_imports import local_modules
+
+    script = script.resolve()
+    copied = {script, *(p.resolve() for p in local_modules(script))}
+    root = work / "port"
+    root.mkdir()
+    _mirror(script.parent, copied, root)
+    port = root / script.name
+    proc = subprocess.run([sys.executable, "-m", "tpukit", "migrate", "--quiet", "--exit-zero",
+                           "--target", target, str(port)],
+                          capture_output=True, text=True, cwd=root)
+    if proc.returncode not in (0, 1):
+        raise UsageError(f"{script}: the migration failed: "
+                         f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    return port, proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+
+
+def _environment(side: str) -> dict:
+    env = dict(os.environ)
+    if side == "original":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the original on the CPU
+        env.pop("PJRT_DEVICE", None)
+    else:
+        from tpukit.run.command import choose_device
+
+        choose_device(env)
+    return env
+
+
+def _start(side: str, script: Path, request: VerifyRequest, work: Path,
+           steps: int, locate_step: int | None = None) -> tuple[subprocess.Popen, Path, Path]:
+    name = side if locate_step is None else f"{side}-locate"
+    out = work / f"{name}.json"
+    log = work / f"{name}.log"
+    command = [sys.executable, "-m", "tpukit.verify.child", "--out", str(out),
+               "--steps", str(steps), "--seed", str(request.seed)]
+    if locate_step is not None:
+        command += ["--locate", str(locate_step)]
+    command += [str(script), *request.args]
+    if side == "original":
+        command += request.original_args
+    handle = log.open("w")
+    proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT,
+                            env=_environment(side), text=True)
+    handle.close()
+    return proc, out, log
+
+
+def _finish(side: str, started, timeout: float | None) -> dict:
+    proc, out, log = started
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return {"outcome": "error", "error": f"timed out after {timeout:g} s", "losses": [],
+                "log": _tail(log)}
+    if not out.is_file():
+        return {"outcome": "error", "error": f"the {side} run ended without a result (exit "
+                f"status {proc.returncode})", "losses": [], "log": _tail(log)}
+    result = json.loads(out.read_text())
+    result["log"] = _tail(log)
+    return result
+
+
+def _tail(log: Path, lines: int = 12) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _both(request: VerifyRequest, original: Path, port: Path, work: Path, steps: int,
+          locate_step: int | None = None) -> tuple[dict, dict]:
+    """The original, then the port: one after the other, so that what a script writes where
+    it runs (a checkpoint, a log) is never written by both at once."""
+    first = _finish("original", _start("original", original, request, work, steps, locate_step),
+                    request.timeout)
+    second = _finish("port", _start("port", port, request, work, steps, locate_step),
+                     request.timeout)
+    return first, second
+
+
+def _failed(result: dict) -> bool:
+    return not result.get("losses") and result.get("outcome") in ("error", "exit") and (
+        result.get("outcome") == "error" or result.get("exit_code"))
+
+
+def verify(request: VerifyRequest) -> dict:
+    """The summary of one verification (the JSON `--json` writes)."""
+    script = request.script
+    if not script.is_file():
+        raise UsageError(f"{script}: no such file")
+    if request.port is not None and not request.port.is_file():
+        raise UsageError(f"{request.port}: no such file")
+    with tempfile.TemporaryDirectory(prefix="tpukit-verify-") as folder:
+        work = Path(folder)
+        migration = None
+        port = request.port
+        if port is None:
+            port, migration = make_port(script, work, request.target)
+        original, ported = _both(request, script, port, work, request.steps)
+        summary = {
+            "tool": "tpukit verify", "script": str(script),
+            "port": str(request.port) if request.port else None, "migration": migration,
+            "steps_requested": request.steps, "seed": request.seed, "randomness": RANDOMNESS,
+            "sides": {side: {k: r.get(k) for k in ("outcome", "error", "devices",
+                                                    "low_precision", "backwards",
+                                                    "optimizer_steps", "loss_line")}
+                      for side, r in (("original", original), ("port", ported))},
+        }
+        failed = [(side, r) for side, r in (("original", original), ("port", ported))
+                  if _failed(r)]
+        if failed:
+            side, result = failed[0]
+            if not result.get("error"):
+                result["error"] = f"it exited with status {result.get('exit_code')}"
+            summary.update(verdict="error", failed_side=side, error=result.get("error"),
+                           log=result.get("log"), losses={"original": original.get("losses", []),
+                                                          "port": ported.get("losses", [])})
+            return summary
+        rtol = request.rtol if request.rtol is not None else default_rtol(
+            ported.get("low_precision", []))
+        comparison = compare_losses(original["losses"], ported["losses"], rtol,
+                                    ported.get("device_rng", []))
+        if not original["losses"] and not ported["losses"]:
+            comparison.not_comparable_why = ("no training step ran on either side (no "
+                                             "backward() of a scalar)")
+        elif len(original["losses"]) != len(ported["losses"]):
+            shorter = "original" if len(original["losses"]) < len(ported["losses"]) else "port"
+            comparison.not_comparable_why = comparison.not_comparable_why or (
+                f"the {shorter} ran {min(len(original['losses']), len(ported['losses']))} "
+                f"steps, the other {max(len(original['losses']), len(ported['losses']))}")
+            comparison.comparable_until = comparison.comparable_until or comparison.steps_compared
+        summary.update(
+            verdict=comparison.verdict, steps_compared=comparison.steps_compared,
+            first_divergent_step=comparison.first_divergent_step,
+            max_rel_diff=comparison.max_rel_diff, rtol=rtol,
+            rtol_basis="set by --rtol" if request.rtol is not None else (
+                "the port computes in " + "/".join(ported.get("low_precision", []))
+                if ported.get("low_precision") else "both compute in float32"),
+            rel_diffs=comparison.rel_diffs,
+            comparable_until=comparison.comparable_until,
+            not_comparable_why=comparison.not_comparable_why,
+            losses={"original": original["losses"], "port": ported["losses"]}, where=None)
+        step = comparison.first_divergent_step
+        if step is not None:
+            first, second = _both(request, script, port, work, step + 1, locate_step=step)
+            if not (_failed(first) or _failed(second)):
+                where = locate(step, first, second, rtol)
+                summary["where"] = {**where, "text": describe(where)}
+        return summary
+
+
+# -- output ------------------------------------------------------------------------------------
+def render_text(summary: dict) -> str:
+    lines = [f"tpukit verify {summary['script']}"]
+    if summary.get("migration"):
+        lines.append(f"  port: migrated copy ({summary['migration']})")
+    elif summary.get("port"):
+        lines.append(f"  port: {summary['port']}")
+    if summary["verdict"] == "error":
+        lines.append(f"could not run the {summary['failed_side']}: {summary['error']}")
+        if summary.get("log"):
+            lines += ["  " + line for line in summary["log"].splitlines()]
+        return "\n".join(lines)
+    original, port = summary["losses"]["original"], summary["losses"]["port"]
+    diffs = summary["rel_diffs"]
+    lines.append(f"  {'step':>4}  {'original':>12}  {'port':>12}  rel. diff")
+    for i in range(max(len(original), len(port))):
+        a = f"{original[i]:.6g}" if i < len(original) else "-"
+        b = f"{port[i]:.6g}" if i < len(port) else "-"
+        d = f"{diffs[i]:.2e}" if i < len(diffs) else "not compared"
+        mark = "  <- first beyond tolerance" if i == summary["first_divergent_step"] else ""
+        lines.append(f"  {i:>4}  {a:>12}  {b:>12}  {d}{mark}")
+    verdict = summary["verdict"]
+    compared = summary["steps_compared"]
+    tol = f"rtol {summary['rtol']:g}: {summary['rtol_basis']}"
+    if verdict == "match":
+        lines.append(f"match: {compared} steps compared, max relative difference "
+                     f"{summary['max_rel_diff']:.2e} ({tol})")
+    elif verdict == "diverged":
+        lines.append(f"diverged at step {summary['first_divergent_step']} of {compared} "
+                     f"compared ({tol})")
+        if summary.get("where"):
+            lines.append(f"  where: {summary['where']['text']}")
+    else:
+        lines.append("incomparable: no step could be compared")
+    if summary.get("not_comparable_why"):
+        lines.append(f"  steps from {summary['comparable_until']} on not compared: "
+                     f"{summary['not_comparable_why']}")
+    return "\n".join(lines)
+
+
+def findings_of(summary: dict) -> list:
+    """The verification as findings, for the json/sarif/github renderers."""
+    from tpukit.findings import Finding, Location
+    from tpukit.rules import load_rules
+
+    rules = load_rules()
+    path = summary["script"]
+    line_of = (summary.get("sides", {}).get("port", {}) or {}).get("loss_line") or ""
+    line = int(line_of.rsplit(":", 1)[1]) if ":" in line_of else 1
+    if summary["verdict"] == "diverged":
+        where = summary.get("where") or {}
+        message = (f"the port's loss differs from the original's at step "
+                   f"{summary['first_divergent_step']} (relative difference "
+                   f"{summary['rel_diffs'][summary['first_divergent_step']]:.2e} > "
+                   f"{summary['rtol']:g})" + (f": {where['text']}" if where else ""))
+        rule = rules["TPU801"]
+    elif summary["verdict"] in ("incomparable", "error"):
+        message = summary.get("not_comparable_why") or (
+            f"could not run the {summary.get('failed_side')}: {summary.get('error')}")
+        rule = rules["TPU802"]
+    else:
+        return []
+    return [Finding.from_rule(rule, Location(path, line, 1), message)]
+
+
+def run_verify(request: VerifyRequest) -> int:
+    import io
+
+    from tpukit.render import Format, Report, render
+
+    summary = verify(request)
+    report = Report(command="verify", findings=findings_of(summary), summary=summary,
+                    summary_line=render_text(summary).splitlines()[-1])
+    if request.json_path is not None:
+        buffer = io.StringIO()
+        render(report, Format.JSON, buffer, sys.stderr)
+        request.json_path.write_text(buffer.getvalue())
+    if request.fmt == "text":
+        print(render_text(summary))
+    else:
+        render(report, Format(request.fmt), sys.stdout, sys.stderr)
+    if summary["verdict"] == "error":
+        return 2
+    return EXIT[summary["verdict"]]
