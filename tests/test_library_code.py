@@ -1845,6 +1845,13 @@ def test_another_vendor_s_module_of_a_library_is_that_vendor_s_code(tmp_path):
     assert any("another vendor's code (it imports torch_npu)" in f.message
                for f in result.findings)
     assert _package(tmp_path, body, name="npu_accelerator.py").changed
+    # ... or it uses another vendor's torch namespace and nothing of CUDA's
+    uses = ("import torch\n\n\nclass Accelerator:\n    def sync(self):\n"
+            "        torch.npu.synchronize()\n\n    def move(self, tensor):\n"
+            "        return tensor.cuda()\n")
+    assert not _package(tmp_path, uses, name="accelerator.py").changed
+    assert _package(tmp_path, uses.replace("torch.npu.synchronize()", "torch.cuda.synchronize()"),
+                    name="accelerator.py").changed
 
 
 def test_a_library_loop_on_the_library_s_own_device_gets_no_barrier(tmp_path):

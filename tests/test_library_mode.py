@@ -117,7 +117,8 @@ def test_a_ported_library_runs_as_written_without_the_runtime_and_ported_with_it
     on_xla = _probe(ported, "import torch_xla")
     assert "move -> xla:0" in on_xla and "run -> xla:0" in on_xla and "timed -> 3" in on_xla
     assert "checked -> cpu" in on_xla  # the library's own question to the host's CUDA stays
-    assert "default_device -> cuda" in on_xla  # a header is kept: the caller passes the TPU's
+    # the header keeps `device="cuda"` (it runs at import); a call on XLA rebinds the default
+    assert "default_device -> xla" in on_xla
 
 
 def test_library_mode_is_a_fixed_point_and_reports_kept_headers(tmp_path):
@@ -125,7 +126,18 @@ def test_library_mode_is_a_fixed_point_and_reports_kept_headers(tmp_path):
     assert migrate_source(result.new_source, str(tmp_path / "pkg" / "lib.py"),
                           LIBRARY).new_source == result.new_source
     default = next(f for f in result.findings if f.location.line == 6)
-    assert not default.applied and 'device="cuda"' in result.new_source
+    assert default.applied and 'def default_device(device="cuda"):' in result.new_source
+    assert ('    if _tpukit_on_xla():\n        if device == "cuda":\n            device = "xla"\n'
+            in result.new_source)
+    # a default that is not a device's name string stays, and its finding is not applied
+    kept = _port(tmp_path / "other", """
+        import torch
+
+        def pick(device=torch.device("cuda")):
+            return device
+        """)
+    header = next(f for f in kept.findings if f.location.line == 3)
+    assert not header.applied and "keeps a definition's header" in header.message
     assert "import torch_xla" not in result.new_source.split("def default_device")[0]
 
 
@@ -167,3 +179,56 @@ def test_both_targets_confine_to_their_own_runtime(tmp_path, target):
     name, module = library_mode.TESTS[target]
     assert f"if {name}():" in new and f'sys.modules.get("{module}")' in new
     compile(new, "lib.py", "exec")
+
+
+def _confined(tmp_path, source: str) -> str:
+    result = _port(tmp_path, source)
+    new = result.new_source
+    compile(new, "lib.py", "exec")
+    assert library_mode.broken_contract(textwrap.dedent(source).lstrip("\n"), new, "xla",
+                                        {"_tpukit_on_xla"}) is None
+    assert migrate_source(new, str(tmp_path / "pkg" / "lib.py"), LIBRARY).new_source == new
+    return new
+
+
+def test_headers_of_compound_statements_are_chosen_in_place(tmp_path):
+    new = _confined(tmp_path, """
+        import torch
+
+        def run(model, x, steps):
+            for _ in range(steps):
+                with torch.cuda.amp.autocast():
+                    y = model(x.cuda())
+            return y
+        """)
+    assert ('with (torch.autocast("xla", dtype=torch.bfloat16) if _tpukit_on_xla() else '
+            "torch.cuda.amp.autocast()):") in new
+    assert "for _ in range(steps):\n" in new  # the loop is not duplicated
+
+
+def test_an_elif_and_a_try_are_confined_inside(tmp_path):
+    new = _confined(tmp_path, """
+        import torch
+
+        def place(x, mode):
+            if mode == "a":
+                x = x.cuda()
+            elif mode == "b":
+                torch.cuda.synchronize()
+            try:
+                x = x.cuda()
+            except RuntimeError:
+                pass
+            return x
+        """)
+    assert 'elif mode == "b":\n        if _tpukit_on_xla():' in new
+    assert "    try:\n        if _tpukit_on_xla():" in new
+
+
+def test_a_module_level_statement_is_confined_at_import(tmp_path):
+    new = _confined(tmp_path, """
+        import torch
+        torch.backends.cudnn.benchmark = True
+        x = torch.zeros(2).cuda()
+        """)
+    assert "if _tpukit_on_xla():\n    x = torch.zeros(2).to(" in new

@@ -25,9 +25,6 @@ def _asked() -> set[tuple[str, str]]:
     asked = set()
     for path in (ROOT / "tpukit" / "migrate").rglob("*.py"):
         tree = ast.parse(path.read_text())
-        codes = [d.args[0].value for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
-                 for d in node.decorator_list if isinstance(d, ast.Call) and d.args
-                 and isinstance(d.args[0], ast.Constant)]
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue

@@ -508,3 +508,17 @@ def test_a_package_installed_outside_the_interpreter_is_not_the_user_s_code(tmp_
     # what no RECORD lists stays the user's, even beside installed packages
     assert is_user_file(str(deps / "train.py"))
     assert is_user_file(str(deps / "mine" / "model.py"))
+
+
+def test_xla_cpu_gets_the_cheap_compile_flag_and_a_tpu_never_does():
+    from tpukit.run.command import xla_cpu_compile_flags
+
+    cpu = {"PJRT_DEVICE": "CPU", "XLA_FLAGS": "--xla_dump_to=/tmp/d"}
+    assert xla_cpu_compile_flags(cpu) == "--xla_backend_optimization_level=0"
+    assert cpu["XLA_FLAGS"] == "--xla_dump_to=/tmp/d --xla_backend_optimization_level=0"
+    tpu = {"PJRT_DEVICE": "TPU"}
+    assert xla_cpu_compile_flags(tpu) is None and "XLA_FLAGS" not in tpu
+    mine = {"PJRT_DEVICE": "CPU", "XLA_FLAGS": "--xla_backend_optimization_level=3"}
+    assert xla_cpu_compile_flags(mine) is None  # the user's own level stays
+    off = {"PJRT_DEVICE": "CPU", "TPUKIT_XLA_CPU_FLAGS": "0"}
+    assert xla_cpu_compile_flags(off) is None and "XLA_FLAGS" not in off

@@ -756,8 +756,11 @@ def _confine(original: cst.Module, ported: cst.Module, ctx: MigrationContext) ->
     confined, confinement = library_mode.confine(
         original, ported, ctx.target, lambda expr: bool(library_mode.names_used(expr) & ours))
     kept = {id(node) for part in confinement.kept_headers for node in walk(part)}
+    rebound = {id(node) for part in confinement.rebound for node in walk(part)}
     for report in ctx.reports:
-        if report.applied and id(report.node) in kept:
+        if report.applied and id(report.node) in rebound:
+            report.message += engine_say("migrate", "library_default", ctx.target)
+        elif report.applied and id(report.node) in kept:
             report.applied = False
             report.message += engine_say("migrate", "library_header", ctx.target)
     if confinement.used:

@@ -82,6 +82,7 @@ class Confinement:
         # Such a header is not made a conditional expression (it has nowhere to import).
         self.header_needs_import = header_needs_import
         self.kept_headers: list[cst.CSTNode] = []  # header parts kept as written
+        self.rebound: list[cst.CSTNode] = []  # ... whose default a call on XLA rebinds
         self.used = False
 
     def _call(self) -> cst.Call:
@@ -177,6 +178,35 @@ class Confinement:
             return rebuilt
         return new.with_changes(body=self._suite(old.body, new.body))
 
+    def _rebound_defaults(self, old: cst.FunctionDef, new: cst.FunctionDef):
+        """A parameter default the port changed (`device="cuda"` made `"xla"`) stays as
+        written in the header (it runs at import); when the function runs on XLA, the written
+        default becomes the port's: `if _tpukit_on_xla(): if device == "cuda": device = "xla"`.
+        Only for a default that is a string (a device's name): (statements, defaults)."""
+        statements, defaults = [], []
+        done = "".join(_code(stmt) for stmt in _statements(old.body)[:3]
+                       if isinstance(stmt, cst.If) and confined(stmt, self.target))
+        olds = [*old.params.params, *old.params.kwonly_params, *old.params.posonly_params]
+        news = [*new.params.params, *new.params.kwonly_params, *new.params.posonly_params]
+        for was, now in zip(olds, news):
+            if was.default is None or now.default is None or _same(was.default, now.default) \
+                    or not isinstance(was.default, cst.SimpleString):
+                continue
+            name = was.name.value
+            if f"if {name} == " in done:
+                continue  # rebound by an earlier run (the header is still as written)
+            rebind = cst.If(test=cst.Comparison(
+                left=cst.Name(name), comparisons=[cst.ComparisonTarget(
+                    operator=cst.Equal(), comparator=was.default)]),
+                body=cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Assign(
+                    targets=[cst.AssignTarget(target=cst.Name(name))],
+                    value=now.default)])]))
+            statements.append(rebind)
+            defaults.append(was.default)
+        if not statements:
+            return [], []
+        return [cst.If(test=self._call(), body=cst.IndentedBlock(body=statements))], defaults
+
     def _compound(self, old, new):
         """`new` with its header confined to the test or kept as written and its body
         confined, or None when it must be confined whole."""
@@ -190,19 +220,30 @@ class Confinement:
             header = ("decorators", "params", "returns", "asynchronous") \
                 if isinstance(old, cst.FunctionDef) else ("decorators", "bases", "keywords")
             kept = {part: getattr(old, part) for part in header}
+            rebound = self._rebound_defaults(old, new) if isinstance(old, cst.FunctionDef) \
+                else ([], [])
             for part in header:
                 written = getattr(old, part)
-                if _code_of(written) != _code_of(getattr(new, part)) and written is not None:
+                if not _same(written, getattr(new, part)) and written is not None:
                     self.kept_headers.extend(
                         written if isinstance(written, (list, tuple)) else [written])
-            return new.with_changes(body=self._suite(old.body, new.body), **kept)
+            body = self._suite(old.body, new.body)
+            statements, defaults = rebound
+            if statements:
+                self.rebound.extend(defaults)
+                if not isinstance(body, cst.IndentedBlock):
+                    body = cst.IndentedBlock(body=_statements(body))
+                first = 1 if body.body and _docstring(body.body[0]) else 0
+                body = body.with_changes(body=[*body.body[:first], *statements,
+                                               *body.body[first:]])
+            return new.with_changes(body=body, **kept)
         if isinstance(old, (cst.If, cst.While)):
             test = self._choice(old.test, new.test)
             orelse = self._orelse(old.orelse, new.orelse)
             return new.with_changes(test=test or new.test, body=self._suite(old.body, new.body),
                                     orelse=orelse)
         if isinstance(old, cst.For):
-            if _code(old.target) != _code(new.target):
+            if not _same(old.target, new.target):
                 return None
             iterable = self._choice(old.iter, new.iter)
             return new.with_changes(iter=iterable or new.iter,
@@ -210,7 +251,7 @@ class Confinement:
                                     orelse=self._orelse(old.orelse, new.orelse))
         if isinstance(old, cst.With):
             if len(old.items) != len(new.items) or any(
-                    _code_of(o.asname) != _code_of(n.asname) for o, n in zip(old.items, new.items)):
+                    not _same(o.asname, n.asname) for o, n in zip(old.items, new.items)):
                 return None
             items = []
             for o, n in zip(old.items, new.items):
@@ -219,7 +260,7 @@ class Confinement:
             return new.with_changes(items=items, body=self._suite(old.body, new.body))
         if isinstance(old, (cst.Try, cst.TryStar)):
             if len(old.handlers) != len(new.handlers) or any(
-                    _code_of(o.type) != _code_of(n.type) or _code_of(o.name) != _code_of(n.name)
+                    not _same(o.type, n.type) or not _same(o.name, n.name)
                     for o, n in zip(old.handlers, new.handlers)):
                 return None
             handlers = [n.with_changes(body=self._suite(o.body, n.body))
@@ -240,12 +281,21 @@ class _WrapWhole(Exception):
     """A header that cannot be confined in place: the statement is confined whole."""
 
 
-def _code_of(part) -> str:
-    if part is None:
-        return ""
-    if isinstance(part, (list, tuple)):
-        return "\n".join(_code_of(p) for p in part)
-    return _code(part)
+def _docstring(stmt: cst.CSTNode) -> bool:
+    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+            and isinstance(stmt.body[0], cst.Expr)
+            and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
+
+
+def _same(a, b) -> bool:
+    """The same code (a header part: parameters, decorators, an `as` name), compared as trees:
+    some parts cannot be rendered alone (a parameter list's `*` needs its function)."""
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(
+            _same(x, y) for x, y in zip(a, b))
+    return a is b or a.deep_equals(b)
 
 
 def _without_leading(stmts: list) -> list:
@@ -323,9 +373,12 @@ class BranchImports(cst.CSTTransformer):
     def leave_If(self, original: cst.If, updated: cst.If) -> cst.If:
         if not isinstance(updated.test, cst.Call) or not is_test(updated.test, self.target):
             return updated
-        code = [self.imports[alias] for alias in sorted(names_used(updated.body) & set(self.imports))]
+        present = {stmt for stmt in (_code(s).strip() for s in updated.body.body)}
+        code = [self.imports[alias] for alias in sorted(names_used(updated.body) & set(self.imports))
+                if self.imports[alias] not in present]
         if self.side_effects and self.device in _device_strings(updated.body):
-            code += [f"import {module}" for module in self.side_effects]
+            code += [f"import {module}" for module in self.side_effects
+                     if f"import {module}" not in present]
         if not code:
             return updated
         lines = [cst.parse_statement(line + "\n") for line in code]

@@ -67,6 +67,26 @@ def choose_device(env: dict) -> str | None:
     return "tpukit: no TPU here: running on XLA:CPU (set PJRT_DEVICE to choose)"
 
 
+# XLA:CPU's LLVM backend at -O0: the compile of a real model's step (minutes at the default
+# -O2) is what a smoke test on a machine without a TPU waits for, and the step it makes runs
+# the same ops (benchmarks/xla_cpu_compile.py measures both, and the losses, side by side).
+# Never on a TPU: only where PJRT_DEVICE is CPU.
+XLA_CPU_FLAGS = ("--xla_backend_optimization_level=0",)
+
+
+def xla_cpu_compile_flags(env: dict) -> str | None:
+    """On XLA:CPU, adds XLA_CPU_FLAGS to XLA_FLAGS (a flag the user set is theirs, and
+    TPUKIT_XLA_CPU_FLAGS=0 adds none); returns what was added, else None."""
+    if env.get("PJRT_DEVICE") != "CPU" or env.get("TPUKIT_XLA_CPU_FLAGS") == "0":
+        return None
+    present = env.get("XLA_FLAGS", "")
+    added = [f for f in XLA_CPU_FLAGS if f.split("=")[0] not in present]
+    if not added:
+        return None
+    env["XLA_FLAGS"] = " ".join([present, *added]).strip()
+    return " ".join(added)
+
+
 def start_cuda_check(script: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tpukit.run.cuda_check", script],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -142,6 +162,8 @@ def run_command(request: RunRequest) -> int:
     notice = choose_device(os.environ)
     if notice:
         print(notice, file=sys.stderr, flush=True)
+    if "torch_xla" not in sys.modules:  # XLA_FLAGS is read when torch_xla starts its runtime
+        xla_cpu_compile_flags(os.environ)
 
     from tpukit.run.debuglog import DebugLog
 

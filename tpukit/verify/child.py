@@ -5,18 +5,21 @@ from the run itself: the tensor whose `backward()` runs. A step ends at an optim
 has one step per backward.
 
 Random numbers are made comparable where they can be: the host's generator draws them on both
-sides. Dropout's masks are drawn on the host and moved to the input's device (on both sides,
-so both use the same masks); the random factory functions and in-place fills (`torch.randn(...,
+sides. Dropout's masks (and dropout1d/2d/3d's channel masks) are drawn on the host and moved
+to the input's device (on both sides, so both use the same masks); the random factory functions and in-place fills (`torch.randn(...,
 device=d)`, `x.normal_()`, `torch.multinomial`) draw on the host and move their result when
 the device is not the CPU. What stays on the device's own generator (dropout inside
-`scaled_dot_product_attention`, the feature dropouts) is recorded with its step: from there on
+`scaled_dot_product_attention`, the alpha dropouts) is recorded with its step: from there on
 the two runs cannot be compared.
 
-With `--locate K` the output norm of every module call of step K is recorded in call order,
+With `--perturb E` every model's parameters are multiplied by (1 + E x noise) before its first
+forward: the noise floor (how far a rounding-sized change of the weights moves each step's
+loss in this training; command.py). With `--locate K` the output norm of every module call of step K is recorded in call order,
 with the parameters' norm when that step's first forward starts, and the gradients' norm
 and the update's size of step K-1: where the two runs first differ (command.py compares them).
 
-    python -m tpukit.verify.child --out OUT.json [--steps N] [--locate K] [--seed S] SCRIPT ARGS
+    python -m tpukit.verify.child --out OUT.json [--steps N] [--locate K] [--perturb E]
+                                  [--seed S] SCRIPT ARGS
 """
 
 from __future__ import annotations
@@ -63,12 +66,16 @@ def _user_line(script: Path) -> str | None:
 
 
 class Recorder:
-    def __init__(self, script: Path, steps: int | None, locate: int | None, seed: int) -> None:
+    def __init__(self, script: Path, steps: int | None, locate: int | None, seed: int,
+                 perturb: float = 0.0) -> None:
         self.script = script
+        self.perturb = perturb  # the noise floor run: parameters perturbed by this much
+        self._perturbed: set[int] = set()
         self.max_steps = steps
         self.locate = locate
         self.seed = seed
         self.micro: list = []  # this step's losses (tensors, read at the end)
+        self.scaled: dict[int, object] = {}  # id(GradScaler.scale(loss)) -> loss
         self.steps: list[list] = []
         self.backwards = 0
         self.optimizer_steps = 0
@@ -81,6 +88,7 @@ class Recorder:
         self.gradient_norm: float | None = None  # --locate K: step K-1's, at its update
         self.update_norm: float | None = None  # how far step K-1's update moved the parameters
         self._before: list = []
+        self._inputs: dict[int, object] = {}  # step -> its first forward's input norm (tensor)
         self._depth = 0
         self._names: dict[int, str] = {}
 
@@ -100,11 +108,23 @@ class Recorder:
         def recorded_backward(tensor, *args, **kwargs):
             if tensor.numel() == 1 and tensor.requires_grad:
                 recorder.backwards += 1
-                recorder.micro.append(tensor.detach().reshape(()))
+                # a GradScaler's scaled loss counts as the loss it scaled (the scale differs
+                # where the original's scaler is on and the port's is gone)
+                loss = recorder.scaled.pop(id(tensor), tensor)
+                recorder.micro.append(loss.detach().reshape(()))
                 recorder.loss_line = recorder.loss_line or _user_line(recorder.script)
             return backward(tensor, *args, **kwargs)
 
         torch.Tensor.backward = recorded_backward
+        scale = torch.amp.GradScaler.scale
+
+        def recorded_scale(scaler, outputs):
+            scaled = scale(scaler, outputs)
+            if isinstance(outputs, torch.Tensor) and scaled is not outputs:
+                recorder.scaled[id(scaled)] = outputs
+            return scaled
+
+        torch.amp.GradScaler.scale = recorded_scale
         register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: self._stepping(optimizer))
         register_optimizer_step_post_hook(lambda optimizer, args, kwargs: self._stepped(optimizer))
         torch.nn.modules.module.register_module_forward_pre_hook(self._pre_forward)
@@ -139,6 +159,11 @@ class Recorder:
         if self.max_steps is not None and self.step >= self.max_steps:
             raise StopVerify
 
+    def inputs(self) -> list[float | None]:
+        count = len(self.steps) if self.optimizer_steps else len(self.micro)
+        return [float(self._inputs[i].cpu()) if i in self._inputs else None
+                for i in range(count)]
+
     def losses(self) -> list[float]:
         steps = self.steps
         if not self.optimizer_steps:  # no optimizer: one step per backward
@@ -152,6 +177,15 @@ class Recorder:
         import torch
 
         if self._depth == 0:
+            if self.perturb and id(module) not in self._perturbed:
+                self._perturb(module)
+            if self.step not in self._inputs:
+                # the batch the step starts from: its norm, read when the run ends (no sync)
+                first = _first_tensor(args)
+                if first is not None and first.is_floating_point():
+                    self._inputs[self.step] = first.detach().float().norm()
+                elif first is not None:
+                    self._inputs[self.step] = first.detach().double().norm()
             if id(module) not in self._names:
                 self._names.update({id(m): name or type(module).__name__
                                     for name, m in module.named_modules()})
@@ -173,6 +207,23 @@ class Recorder:
                     self.low_precision.add(str(parameter.dtype).split(".")[-1])
                 break
         self._depth += 1
+
+    def _perturb(self, module) -> None:
+        """Each parameter of a model about to run its first forward, times (1 + perturb x a
+        fixed normal draw): the noise floor run (command.py), drawn from a generator of its
+        own so the run's own random numbers are the same."""
+        import torch
+
+        noise = torch.Generator().manual_seed(self.seed + 2)
+        with torch.no_grad():
+            for parameter in module.parameters():
+                if id(parameter) in self._perturbed:
+                    continue  # shared with a model perturbed before
+                self._perturbed.add(id(parameter))
+                if parameter.is_floating_point():
+                    draw = torch.randn(parameter.shape, generator=noise).to(parameter.device)
+                    parameter.mul_(1 + self.perturb * draw.to(parameter.dtype))
+        self._perturbed.add(id(module))
 
     def _forward(self, module, args, output):
         self._depth -= 1
@@ -201,6 +252,24 @@ class Recorder:
         original_dropout = F.dropout
         F.dropout = dropout
 
+        def feature_dropout(original, spatial):
+            """dropout1d/2d/3d: whole channels zeroed, the mask drawn on the host."""
+            def wrapper(input, p=0.5, training=True, inplace=False):
+                if not training or p == 0:
+                    return original(input, p, training, inplace)
+                batched = input.dim() == spatial + 2
+                shape = tuple(input.shape[:2] if batched else input.shape[:1])
+                shape += (1,) * (input.dim() - len(shape))
+                keep = torch.rand(shape, generator=masks) >= p
+                scale = keep.to(dtype=input.dtype, device=input.device) / (1 - p) if p < 1 \
+                    else torch.zeros(shape, dtype=input.dtype, device=input.device)
+                return input.mul_(scale) if inplace else input * scale
+            return wrapper
+
+        for spatial in (1, 2, 3):
+            name = f"dropout{spatial}d"
+            setattr(F, name, feature_dropout(getattr(F, name), spatial))
+
         def on_device_only(name, original):
             def wrapper(*args, **kwargs):
                 tensor = _first_tensor(args)
@@ -211,8 +280,7 @@ class Recorder:
                 return original(*args, **kwargs)
             return wrapper
 
-        for name in ("dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
-                     "feature_alpha_dropout"):
+        for name in ("alpha_dropout", "feature_alpha_dropout"):
             setattr(F, name, on_device_only(f"torch.nn.functional.{name}", getattr(F, name)))
         attention = F.scaled_dot_product_attention
 
@@ -308,13 +376,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--locate", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--perturb", type=float, default=0.0)
     parser.add_argument("script", type=Path)
     parser.add_argument("args", nargs=argparse.REMAINDER)
     options = parser.parse_args(argv)
     from tpukit.run.script import run_target
 
     _seed(options.seed)
-    recorder = Recorder(options.script, options.steps, options.locate, options.seed)
+    recorder = Recorder(options.script, options.steps, options.locate, options.seed,
+                        options.perturb)
     recorder.install()
     outcome = run_target(str(options.script), None, options.args, (StopVerify,))
     result = {"outcome": outcome.kind, "exit_code": outcome.exit_code, "error": outcome.error,
@@ -326,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
               "gradient_norm": recorder.gradient_norm, "update_norm": recorder.update_norm}
     try:
         result["losses"] = recorder.losses()
+        result["inputs"] = recorder.inputs()
     except Exception as exc:  # a loss that cannot be read back (the device failed)
         result.update(outcome="error", error=f"reading the losses: {type(exc).__name__}: {exc}",
                       losses=[])

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpukit.errors import UsageError
-from tpukit.verify.compare import compare_losses, default_rtol, describe, locate
+from tpukit.verify.compare import (compare_losses, default_rtol, describe,
+                                   first_input_difference, locate, perturbation, relative,
+                                   tolerances)
 
 EXIT = {"match": 0, "diverged": 1, "incomparable": 3}
 RANDOMNESS = ("dropout masks and the random numbers asked for on the device are drawn from "
@@ -89,21 +91,26 @@ def _environment(side: str) -> dict:
         env["CUDA_VISIBLE_DEVICES"] = ""  # the original on the CPU
         env.pop("PJRT_DEVICE", None)
     else:
-        from tpukit.run.command import choose_device
+        from tpukit.run.command import choose_device, xla_cpu_compile_flags
 
         choose_device(env)
+        xla_cpu_compile_flags(env)  # as `tpukit run` compiles on XLA:CPU
     return env
 
 
 def _start(side: str, script: Path, request: VerifyRequest, work: Path,
-           steps: int, locate_step: int | None = None) -> tuple[subprocess.Popen, Path, Path]:
+           steps: int, locate_step: int | None = None,
+           perturb: float = 0.0) -> tuple[subprocess.Popen, Path, Path]:
     name = side if locate_step is None else f"{side}-locate"
+    name = f"{name}-perturbed" if perturb else name
     out = work / f"{name}.json"
     log = work / f"{name}.log"
     command = [sys.executable, "-m", "tpukit.verify.child", "--out", str(out),
                "--steps", str(steps), "--seed", str(request.seed)]
     if locate_step is not None:
         command += ["--locate", str(locate_step)]
+    if perturb:
+        command += ["--perturb", repr(perturb)]
     command += [str(script), *request.args]
     if side == "original":
         command += request.original_args
@@ -187,9 +194,13 @@ def verify(request: VerifyRequest) -> dict:
                            log=result.get("log"), losses={"original": original.get("losses", []),
                                                           "port": ported.get("losses", [])})
             return summary
-        rtol = request.rtol if request.rtol is not None else default_rtol(
-            ported.get("low_precision", []))
-        comparison = compare_losses(original["losses"], ported["losses"], rtol,
+        precision = ported.get("low_precision", [])
+        rtol = request.rtol if request.rtol is not None else default_rtol(precision)
+        floor_run = _finish("original", _start("original", script, request, work, request.steps,
+                                               perturb=perturbation(precision)), request.timeout)
+        noise = floor_run.get("losses") or None
+        steps_rtol = tolerances(rtol, original["losses"], noise)
+        comparison = compare_losses(original["losses"], ported["losses"], steps_rtol,
                                     ported.get("device_rng", []))
         if not original["losses"] and not ported["losses"]:
             comparison.not_comparable_why = ("no training step ran on either side (no "
@@ -203,7 +214,9 @@ def verify(request: VerifyRequest) -> dict:
         summary.update(
             verdict=comparison.verdict, steps_compared=comparison.steps_compared,
             first_divergent_step=comparison.first_divergent_step,
-            max_rel_diff=comparison.max_rel_diff, rtol=rtol,
+            max_rel_diff=comparison.max_rel_diff, rtol=rtol, step_rtol=steps_rtol,
+            noise_floor=[relative(a, b) for a, b in zip(original["losses"], noise or [])],
+            perturbation=perturbation(precision),
             rtol_basis="set by --rtol" if request.rtol is not None else (
                 "the port computes in " + "/".join(ported.get("low_precision", []))
                 if ported.get("low_precision") else "both compute in float32"),
@@ -212,10 +225,15 @@ def verify(request: VerifyRequest) -> dict:
             not_comparable_why=comparison.not_comparable_why,
             losses={"original": original["losses"], "port": ported["losses"]}, where=None)
         step = comparison.first_divergent_step
-        if step is not None:
+        fed = first_input_difference(original.get("inputs", []), ported.get("inputs", []))
+        if step is not None and fed is not None and fed <= step:
+            where = {"step": fed, "kind": "inputs", "original_norm": original["inputs"][fed],
+                     "port_norm": ported["inputs"][fed]}
+            summary["where"] = {**where, "text": describe(where)}
+        elif step is not None:
             first, second = _both(request, script, port, work, step + 1, locate_step=step)
             if not (_failed(first) or _failed(second)):
-                where = locate(step, first, second, rtol)
+                where = locate(step, first, second, steps_rtol[step])
                 summary["where"] = {**where, "text": describe(where)}
         return summary
 
@@ -240,6 +258,9 @@ def render_text(summary: dict) -> str:
         b = f"{port[i]:.6g}" if i < len(port) else "-"
         d = f"{diffs[i]:.2e}" if i < len(diffs) else "not compared"
         mark = "  <- first beyond tolerance" if i == summary["first_divergent_step"] else ""
+        tol = summary["step_rtol"][i] if i < len(summary.get("step_rtol", [])) else None
+        if tol is not None and tol > summary["rtol"]:
+            mark += f"  (tolerance {tol:.1e}: the noise floor)"
         lines.append(f"  {i:>4}  {a:>12}  {b:>12}  {d}{mark}")
     verdict = summary["verdict"]
     compared = summary["steps_compared"]

@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 
 FLOAT32_RTOL = 1e-3
 LOW_PRECISION_RTOL = 5e-2
+# The noise floor: the original run once more with every weight times (1 + E x noise) before
+# its first forward. How far that moves step k's loss is how far rounding-sized differences
+# grow by step k in this training (an unstable one multiplies them by 10 or more a step), and
+# step k's tolerance is never below it. E is about ten float32 roundings, or a bfloat16 one.
+FLOAT32_PERTURBATION = 1e-6
+LOW_PRECISION_PERTURBATION = 4e-3
 
 
 def relative(a: float, b: float) -> float:
@@ -32,6 +38,16 @@ def default_rtol(port_precision: list[str]) -> float:
     return LOW_PRECISION_RTOL if port_precision else FLOAT32_RTOL
 
 
+def perturbation(port_precision: list[str]) -> float:
+    return LOW_PRECISION_PERTURBATION if port_precision else FLOAT32_PERTURBATION
+
+
+def tolerances(rtol: float, original: list[float], perturbed: list[float] | None) -> list[float]:
+    """Each step's tolerance: `rtol`, or the noise floor where training amplifies more."""
+    floor = [relative(a, b) for a, b in zip(original, perturbed or [])]
+    return [max(rtol, floor[i] if i < len(floor) else 0.0) for i in range(len(original))]
+
+
 @dataclass
 class Comparison:
     verdict: str  # "match" | "diverged" | "incomparable"
@@ -43,10 +59,12 @@ class Comparison:
     not_comparable_why: str | None = None
 
 
-def compare_losses(original: list[float], port: list[float], rtol: float,
+def compare_losses(original: list[float], port: list[float], rtol: float | list[float],
                    device_rng: list[dict]) -> Comparison:
     """Step by step up to the shorter run, and up to the first step whose randomness the
-    port draws on its device (dropout inside attention: the two runs cannot agree there)."""
+    port draws on its device (dropout inside attention: the two runs cannot agree there).
+    `rtol`: one tolerance, or one per step (`tolerances`)."""
+    steps_rtol = rtol if isinstance(rtol, list) else [rtol] * len(original)
     count = min(len(original), len(port))
     limit, why = count, None
     if device_rng:
@@ -57,7 +75,7 @@ def compare_losses(original: list[float], port: list[float], rtol: float,
             why = (f"from step {first} the port draws random numbers on its device "
                    f"({what}), which the original draws on the CPU")
     diffs = [relative(a, b) for a, b in zip(original[:limit], port[:limit])]
-    first_bad = next((i for i, d in enumerate(diffs) if d > rtol), None)
+    first_bad = next((i for i, d in enumerate(diffs) if d > steps_rtol[i]), None)
     if first_bad is not None:
         verdict = "diverged"
     elif not diffs:
@@ -68,6 +86,18 @@ def compare_losses(original: list[float], port: list[float], rtol: float,
                       first_divergent_step=first_bad,
                       max_rel_diff=max(diffs) if diffs else None, rel_diffs=diffs,
                       comparable_until=limit if why else None, not_comparable_why=why)
+
+
+# The batches of the two runs are the same data (equal up to float32 rounding) or not.
+INPUT_RTOL = 1e-5
+
+
+def first_input_difference(original: list, port: list) -> int | None:
+    """The first step whose first forward was given another batch (input norms differ)."""
+    for step, (a, b) in enumerate(zip(original, port)):
+        if a is not None and b is not None and relative(a, b) > INPUT_RTOL:
+            return step
+    return None
 
 
 def locate(step: int, original: dict, port: dict, rtol: float) -> dict:
@@ -100,6 +130,11 @@ def locate(step: int, original: dict, port: dict, rtol: float) -> dict:
 def describe(where: dict) -> str:
     step = where["step"]
     kind = where.get("kind")
+    if kind == "inputs":
+        return (f"the batch step {where['step']} starts from is not the original's (input norm "
+                f"{where['original_norm']:.6g} vs {where['port_norm']:.6g}): the two runs read "
+                "other data (shuffle, sampler, augmentation, workers: a data-loading choice "
+                "the script makes differently on the accelerator?)")
     if kind == "gradient":
         return (f"step {step - 1}'s gradients already differ at its optimizer step (norm "
                 f"{where['original_norm']:.6g} vs {where['port_norm']:.6g}) although its loss "
@@ -117,7 +152,8 @@ def describe(where: dict) -> str:
     if kind == "calls":
         return (f"the forward of step {step} calls other modules: call {where['index']} is "
                 f"`{where['original_module']}` in the original, `{where['port_module']}` in "
-                "the port")
+                "the port (a model compiled on one side runs its modules as one graph there: "
+                "compare with the compile off to see which module first differs)")
     if kind == "module":
         return (f"the first module whose output differs in step {step} is "
                 f"`{where['module']}` (output norm {where['original_norm']:.6g} vs "

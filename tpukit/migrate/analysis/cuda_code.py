@@ -1,8 +1,9 @@
 """Whether a library module is CUDA's own code, or another vendor's, from what it imports at
 its top level (rules/catalog/cuda.toml): a module that imports a CUDA-only library (Triton
 kernels, bitsandbytes' CUDA functions, TensorRT) is that library's CUDA path, and one that
-imports another vendor's extension of torch (`torch_npu`) is that vendor's backend. Its file
-or package name says nothing. Only library code is read this way: a program's module is
+imports another vendor's extension of torch (`torch_npu`), or uses another vendor's torch
+namespace (`torch.npu`) and nothing of CUDA's, is that vendor's backend. Its file or package
+name says nothing. Only library code is read this way: a program's module is
 ported whole, its imports of CUDA-only libraries flagged by their rules (TPU9xx)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tpukit.migrate.analysis.catalog import cuda_catalog
-from tpukit.migrate.nodes import dotted
+from tpukit.migrate.nodes import dotted, walk
 from tpukit.rules import engine_say
 
 
@@ -25,13 +26,55 @@ def _top_level_imports(module: cst.Module):
                 yield dotted(small.module) or ""
 
 
+def _torch_names(module: cst.Module) -> set[str]:
+    """The names the module's top-level `import torch [as x]` bind to torch."""
+    names = set()
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Import):
+                    for alias in small.names:
+                        if dotted(alias.name) == "torch":
+                            names.add(alias.asname.name.value if alias.asname else "torch")
+    return names
+
+
+def _other_vendor_use(module: cst.Module) -> str | None:
+    """Another vendor's torch namespace the module uses (`torch.npu.synchronize()`,
+    `torch.mps.empty_cache()`) where it uses none of CUDA's: that vendor's backend of the
+    library (DeepSpeed's accelerator/npu_accelerator.py), or None."""
+    torch = _torch_names(module)
+    if not torch:
+        return None
+    catalog = cuda_catalog()
+    other = None
+    for node in walk(module):
+        if not isinstance(node, cst.Attribute):
+            continue
+        path = dotted(node) or ""
+        root, _, rest = path.partition(".")
+        if root not in torch or not rest:
+            continue
+        name = f"torch.{rest}"
+        if name == "torch.cuda" or name.startswith("torch.cuda."):
+            return None
+        if other is None and catalog.other_gpu(name):
+            other = path
+    return other
+
+
 def cuda_only_module(module: cst.Module, name: str) -> str | None:
     """Why the library module `name` is CUDA's (or another vendor's) own code, or None."""
     catalog = cuda_catalog()
     for imported in _top_level_imports(module):
         if catalog.other_vendor_library(imported):
-            return engine_say("migrate", "why_vendor_module", module=name, part=imported)
+            return engine_say("migrate", "why_vendor_module", module=name,
+                              part=f"it imports {imported}")
         if catalog.cuda_only_library(imported):
             return engine_say("migrate", "why_cuda_module", module=name,
-                              part=f"{imported}, a CUDA-only library")
+                              part=f"it imports {imported}, a CUDA-only library")
+    used = _other_vendor_use(module)
+    if used is not None:
+        return engine_say("migrate", "why_vendor_module", module=name,
+                          part=f"it uses {used} and nothing of CUDA's")
     return None
