@@ -678,7 +678,8 @@ def verify_entry(r: Result, entry: dict, orig: Path, port: Path, cwd_rel: str, a
            "--timeout", str(timeout)]
     cmd += [f"--original-arg={a}" for a in entry.get("original_args", [])]
     cmd += [str(orig / entry["path"]), "--", *args]
-    code, status, _ = run_process(cmd, port / cwd_rel, env, work / "verify.log", 4 * timeout)
+    code, status, _ = run_process(cmd, port / cwd_rel, env, work / "verify.log", 4 * timeout,
+                                  terminal=entry.get("terminal", False))
     try:
         summary = json.loads(out.read_text())["summary"]
     except (OSError, json.JSONDecodeError, KeyError):

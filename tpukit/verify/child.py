@@ -12,9 +12,9 @@ the device is not the CPU. What stays on the device's own generator (dropout ins
 `scaled_dot_product_attention`, the alpha dropouts) is recorded with its step: from there on
 the two runs cannot be compared.
 
-With `--perturb E` every model's parameters are multiplied by (1 + E x noise) before its first
-forward: the noise floor (how far a rounding-sized change of the weights moves each step's
-loss in this training; command.py). With `--locate K` the output norm of every module call of step K is recorded in call order,
+With `--perturb E` every trained parameter is multiplied by (1 + E x noise) when an optimizer
+first steps it: the noise floor (how far a rounding-sized change of the weights moves each
+later step's loss in this training; command.py). With `--locate K` the output norm of every module call of step K is recorded in call order,
 with the parameters' norm when that step's first forward starts, and the gradients' norm
 and the update's size of step K-1: where the two runs first differ (command.py compares them).
 
@@ -137,6 +137,8 @@ class Recorder:
         return self.locate is not None and self.locate > 0 and self.step == self.locate - 1
 
     def _stepping(self, optimizer) -> None:
+        if self.perturb:
+            self._perturb(optimizer)
         if not self._watched() or not self.micro:
             return
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -176,9 +178,9 @@ class Recorder:
     def _pre_forward(self, module, args):
         import torch
 
-        if self._depth == 0:
-            if self.perturb and id(module) not in self._perturbed:
-                self._perturb(module)
+        # a model called from the script (a data transform that is a Module, torchvision's
+        # Normalize in the loader, has no parameters: it is not one)
+        if self._depth == 0 and next(module.parameters(), None) is not None:
             if self.step not in self._inputs:
                 # the batch the step starts from: its norm, read when the run ends (no sync)
                 first = _first_tensor(args)
@@ -208,22 +210,21 @@ class Recorder:
                 break
         self._depth += 1
 
-    def _perturb(self, module) -> None:
-        """Each parameter of a model about to run its first forward, times (1 + perturb x a
-        fixed normal draw): the noise floor run (command.py), drawn from a generator of its
-        own so the run's own random numbers are the same."""
+    def _perturb(self, optimizer) -> None:
+        """Each parameter an optimizer is about to step for the first time, times (1 +
+        perturb x a fixed normal draw): the noise floor run (command.py), drawn from a
+        generator of its own so the run's own random numbers are the same."""
         import torch
 
         noise = torch.Generator().manual_seed(self.seed + 2)
         with torch.no_grad():
-            for parameter in module.parameters():
-                if id(parameter) in self._perturbed:
-                    continue  # shared with a model perturbed before
-                self._perturbed.add(id(parameter))
-                if parameter.is_floating_point():
+            for group in optimizer.param_groups:
+                for parameter in group["params"]:
+                    if id(parameter) in self._perturbed or not parameter.is_floating_point():
+                        continue
+                    self._perturbed.add(id(parameter))
                     draw = torch.randn(parameter.shape, generator=noise).to(parameter.device)
                     parameter.mul_(1 + self.perturb * draw.to(parameter.dtype))
-        self._perturbed.add(id(module))
 
     def _forward(self, module, args, output):
         self._depth -= 1

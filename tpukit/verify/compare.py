@@ -4,11 +4,12 @@ step that differs, the modules' outputs in call order.
 The tolerance is relative, `|original - port| / max(|original|, |port|)`, per step. Its
 default depends on what the port computes in: the original runs in float32 on the CPU (CUDA
 hidden: a CUDA autocast is off there), the port in float32 on XLA or, after the port of its
-mixed precision, in bfloat16 autocast. FLOAT32_RTOL and LOW_PRECISION_RTOL are chosen from the
-runs measured in benchmarks/real_scripts.py (README, "Verified on real code"): float32 ports
-agreed within 1e-5 over their first steps, bfloat16 ports within 3e-2; each default leaves a
-margin over the largest seen, and sits far below what a changed learning rate, a dropped
-`zero_grad()` or a summed loss give (10% and more).
+mixed precision, in bfloat16 autocast. FLOAT32_RTOL and LOW_PRECISION_RTOL were chosen from the
+corpus run in README "tpukit verify on the corpus": stable float32 ports agreed within 4.3e-7,
+the bfloat16 port (timm) within 2.6e-3. A changed port of the fixture differs by 4e-3 (a
+doubled learning rate, step 1) to 700% (a summed loss): under float32 every one is caught at
+its step; under a bfloat16 port's 5e-2 a change as small as the learning rate's shows only
+once it has grown, which is the price of comparing bfloat16 with float32.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from dataclasses import dataclass, field
 
 FLOAT32_RTOL = 1e-3
 LOW_PRECISION_RTOL = 5e-2
-# The noise floor: the original run once more with every weight times (1 + E x noise) before
-# its first forward. How far that moves step k's loss is how far rounding-sized differences
+# The noise floor: the original run once more with every trained weight times (1 + E x noise)
+# at its first optimizer step. How far that moves step k's loss is how far rounding-sized differences
 # grow by step k in this training (an unstable one multiplies them by 10 or more a step), and
 # step k's tolerance is never below it. E is about ten float32 roundings, or a bfloat16 one.
 FLOAT32_PERTURBATION = 1e-6
@@ -88,8 +89,9 @@ def compare_losses(original: list[float], port: list[float], rtol: float | list[
                       comparable_until=limit if why else None, not_comparable_why=why)
 
 
-# The batches of the two runs are the same data (equal up to float32 rounding) or not.
-INPUT_RTOL = 1e-5
+# The batches of the two runs are the same data or not: their norms agree up to float32
+# summation over a large batch (1.2e-5 on a CIFAR batch of 128 images, CPU vs XLA), or not.
+INPUT_RTOL = 1e-4
 
 
 def first_input_difference(original: list, port: list) -> int | None:
