@@ -67,11 +67,12 @@ def choose_device(env: dict) -> str | None:
     return "tpukit: no TPU here: running on XLA:CPU (set PJRT_DEVICE to choose)"
 
 
-# XLA:CPU's LLVM backend at -O0: the compile of a real model's step (minutes at the default
-# -O2) is what a smoke test on a machine without a TPU waits for, and the step it makes runs
-# the same ops (benchmarks/xla_cpu_compile.py measures both, and the losses, side by side).
-# Never on a TPU: only where PJRT_DEVICE is CPU.
-XLA_CPU_FLAGS = ("--xla_backend_optimization_level=0",)
+# Flags for XLA:CPU's compiler, added where PJRT_DEVICE is CPU only (never on a TPU). None
+# yet: benchmarks/xla_cpu_compile.py (2026-12-04, one round on contended cores, same losses)
+# measured LLVM -O0 (`--xla_backend_optimization_level=0`) at 0.80-0.86 of the default's time
+# to first step on dcgan and vae but 1.05 on the CIFAR tutorial CNN and 1.17 on ResNet-18: no
+# consistent gain, so the default stays until a run on quiet cores shows one.
+XLA_CPU_FLAGS: tuple[str, ...] = ()
 
 
 def xla_cpu_compile_flags(env: dict) -> str | None:
