@@ -232,3 +232,18 @@ def test_a_module_level_statement_is_confined_at_import(tmp_path):
         x = torch.zeros(2).cuda()
         """)
     assert "if _tpukit_on_xla():\n    x = torch.zeros(2).to(" in new
+
+
+def test_a_librarys_build_script_is_confined_not_ported_as_a_program(tmp_path):
+    # DeepSpeed's setup.py (a script, not a package module) decides which CUDA extensions to
+    # build; ported as a program it imported torch_xla at the top and broke `pip install`
+    source = ("import torch\nfrom setuptools import setup as build\n"
+              "if torch.cuda.is_available():\n    x = torch.zeros(1).cuda()\nbuild(name='x')\n")
+    new = migrate_source(source, str(tmp_path / "setup.py"), LIBRARY).new_source
+    assert "import torch_xla" not in new.split("def _tpukit_on_xla")[0]
+    assert library_mode.broken_contract(source, new, "xla", {"_tpukit_on_xla"}) is None
+    # a script of the library that builds nothing (an example) is still a program
+    example = migrate_source(source.replace("from setuptools import setup as build\n", "")
+                             .replace("build(name='x')\n", ""), str(tmp_path / "ex.py"),
+                             LIBRARY).new_source
+    assert "_tpukit_on_xla" not in example and ".cuda()" not in example

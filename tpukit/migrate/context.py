@@ -35,7 +35,7 @@ from tpukit.migrate.nodes import (  # noqa: F401 - the helpers rule code imports
 )
 from tpukit.migrate.nodes import walk
 from tpukit.migrate import policy
-from tpukit.migrate.analysis.cuda_code import cuda_only_module
+from tpukit.migrate.analysis.cuda_code import builds_a_package, cuda_only_module
 from tpukit.migrate.sink import IMPORTS, EditSink, Report  # noqa: F401
 
 # What says code works with a device: its tensors may be XLA's.
@@ -87,7 +87,10 @@ class MigrationContext:
         # dotted name among them.
         self.received = received
         self.module_name = module_name
-        self.library_code = self.package_module and owner is Owner.LIBRARY
+        # (a library's build script, which calls setuptools' setup(), is run on every host
+        # that installs the library: library code too, not a program to run on a TPU)
+        self.library_code = owner is Owner.LIBRARY and (
+            self.package_module or builds_a_package(module))
         if self.library_code and (why := cuda_only_module(module, module_name or path)):
             sink.cuda_only.append(why)  # the whole module: findings only
         self.at_import_time = devices.at_import_time

@@ -78,3 +78,33 @@ def cuda_only_module(module: cst.Module, name: str) -> str | None:
         return engine_say("migrate", "why_vendor_module", module=name,
                           part=f"it uses {used} and nothing of CUDA's")
     return None
+
+
+_BUILDS = {"setuptools.setup", "distutils.core.setup"}
+
+
+def builds_a_package(module: cst.Module) -> bool:
+    """Does the module call setuptools' (or distutils') `setup()` (a build script), by the
+    name its imports give that function?"""
+    names = {}
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.ImportFrom) and not small.relative and small.module \
+                    and not isinstance(small.names, cst.ImportStar):
+                for alias in small.names:
+                    full = f"{dotted(small.module)}.{dotted(alias.name)}"
+                    names[alias.asname.name.value if alias.asname else dotted(alias.name)] = full
+            elif isinstance(small, cst.Import):
+                for alias in small.names:
+                    bound = alias.asname.name.value if alias.asname else dotted(alias.name)
+                    names[bound] = dotted(alias.name)
+    for node in walk(module):
+        if isinstance(node, cst.Call):
+            path = dotted(node.func) or ""
+            head, _, rest = path.partition(".")
+            full = names.get(head, head) + (f".{rest}" if rest else "")
+            if full in _BUILDS:
+                return True
+    return False
