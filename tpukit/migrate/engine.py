@@ -31,7 +31,7 @@ from tpukit.migrate.guards import (
     restore_loop,
     restore_unported,
 )
-from tpukit.migrate.nodes import walk
+from tpukit.migrate.nodes import is_docstring, walk
 from tpukit.migrate.ownership import Owner
 from tpukit.migrate.prune import Layout
 from tpukit.migrate.suppressing import SuppressedHooks
@@ -914,18 +914,12 @@ class _AddLocalImports(cst.CSTTransformer):
             lines.append(cst.parse_statement(
                 f"import {mod} as {asname}\n" if asname else f"import {mod}\n"))
         body = list(updated.body.body)
-        first = 1 if body and _is_docstring(body[0]) else 0
+        first = 1 if body and is_docstring(body[0]) else 0
         if first < len(body) and lines:
             lines[0] = lines[0].with_changes(leading_lines=body[first].leading_lines)
             body[first] = body[first].with_changes(leading_lines=())
         body[first:first] = lines
         return updated.with_changes(body=updated.body.with_changes(body=body))
-
-
-def _is_docstring(stmt: cst.CSTNode) -> bool:
-    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
-            and isinstance(stmt.body[0], cst.Expr)
-            and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
 
 
 class _NameUses(cst.CSTVisitor):

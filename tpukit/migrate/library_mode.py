@@ -29,7 +29,7 @@ import difflib
 
 import libcst as cst
 
-from tpukit.migrate.nodes import walk
+from tpukit.migrate.nodes import is_docstring, walk
 
 _EMPTY = cst.Module(body=[])
 # The inserted test of each target: the helper's name and the module whose import it asks for.
@@ -233,7 +233,7 @@ class Confinement:
                 self.rebound.extend(defaults)
                 if not isinstance(body, cst.IndentedBlock):
                     body = cst.IndentedBlock(body=_statements(body))
-                first = 1 if body.body and _docstring(body.body[0]) else 0
+                first = 1 if body.body and is_docstring(body.body[0]) else 0
                 body = body.with_changes(body=[*body.body[:first], *statements,
                                                *body.body[first:]])
             return new.with_changes(body=body, **kept)
@@ -279,12 +279,6 @@ class Confinement:
 
 class _WrapWhole(Exception):
     """A header that cannot be confined in place: the statement is confined whole."""
-
-
-def _docstring(stmt: cst.CSTNode) -> bool:
-    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
-            and isinstance(stmt.body[0], cst.Expr)
-            and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
 
 
 def _same(a, b) -> bool:

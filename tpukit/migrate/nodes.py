@@ -146,3 +146,11 @@ class _First(cst.CSTVisitor):
             return False
         self.found = self.test(node) or None
         return self.found is None
+
+
+def is_docstring(stmt: cst.CSTNode) -> bool:
+    """A statement that is only a string: a module's, class's or function's docstring when it
+    comes first."""
+    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+            and isinstance(stmt.body[0], cst.Expr)
+            and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))

@@ -26,7 +26,7 @@ from tpukit.migrate.context import (
     with_string,
 )
 from tpukit.migrate.analysis import catalog as K
-from tpukit.migrate.nodes import first, walk
+from tpukit.migrate.nodes import first, is_docstring, walk
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
 from tpukit.migrate.transforms.ddp_inputs import ForwardInputs
 from tpukit.migrate.transforms.devices import AVAILABILITY
@@ -632,7 +632,7 @@ class SpawnLaunch(Transform):
                 whitespace=cst.SimpleWhitespace("  "),
                 comment=cst.Comment("# tpukit: from the runtime; the launcher cannot ask it")))
         body = list(updated.body.body)
-        first = 1 if body and _is_docstring(body[0]) else 0
+        first = 1 if body and is_docstring(body[0]) else 0
         body.insert(first, statement)
         return updated.with_changes(body=updated.body.with_changes(body=body))
 
@@ -656,12 +656,6 @@ def _world_parameter(ctx, function: cst.FunctionDef, call: cst.Call) -> str | No
         if same or values.kinds(value) & {K.WORLD, K.GPU_COUNT}:
             return params[i + 1] if i + 1 < len(params) else None
     return None
-
-
-def _is_docstring(stmt: cst.CSTNode) -> bool:
-    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
-            and isinstance(stmt.body[0], cst.Expr)
-            and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
 
 
 @transform("TPU405")
