@@ -44,7 +44,7 @@ def test_rule_has_code_behind_it_and_docs(rule):
 
 
 # Where each non-code engine's findings are made.
-ENGINE_HOME = {"doctor": "tpukit/doctor/", "shell": "tpukit/migrate/shell.py", "runner": "tpukit/run/",
+ENGINE_HOME = {"doctor": "tpukit/doctor/", "shell": "tpukit/migrate/shell.py", "runner": "tpukit/run/", "shim": "tpukit/shim/",
                "suppress": "tpukit/suppress.py", "verify": "tpukit/verify/"}
 
 

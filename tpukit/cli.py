@@ -278,6 +278,10 @@ def run(
     explain_graphs: bool = typer.Option(
         False, "--explain-graphs", help="Dump every graph's HLO and name what differs in a "
                                         "recompiled graph, at its line (slower: a diagnosis run)."),
+    no_shim: bool = typer.Option(
+        False, "--no-shim", help="Do not install the runtime layer that redirects CUDA calls in "
+                                 "code tpukit does not rewrite (installed packages, devices "
+                                 "from argv) to the TPU."),
     no_graph_diffs: bool = typer.Option(
         False, "--no-graph-diffs", help="Do not hash and lower each barrier's and host read's "
                                         "graph (recompiles are then explained by shapes only)."),
@@ -326,7 +330,7 @@ def run(
                          logdir=logdir, profile_steps=steps, tpu_generation=tpu_generation,
                          bucket_budget=bucket_budget, html=html, target=run_target,
                          eager_mode=eager_mode, explain_graphs=explain_graphs,
-                         graph_diffs=not no_graph_diffs)
+                         graph_diffs=not no_graph_diffs, shim=not no_shim)
     try:
         code = run_command(request)
     except UsageError as exc:

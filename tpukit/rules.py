@@ -19,9 +19,9 @@ TARGETS = ("xla", "torchtpu")
 _CODE = re.compile(r"^TPU\d{3}$")
 _REQUIRED = ("code", "name", "severity", "fix", "summary", "why", "reference")
 # Rules about the environment (doctor), a running script (run), suppression comments or shell
-# scripts (migrate's scan of *.sh files), a port's verification (verify), not about Python
-# source code.
-NON_CODE_ENGINES = ("doctor", "runner", "shell", "suppress", "verify")
+# scripts (migrate's scan of *.sh files), a port's verification (verify), the runtime layer's
+# call sites (shim), not about Python source code.
+NON_CODE_ENGINES = ("doctor", "runner", "shell", "shim", "suppress", "verify")
 
 
 class RuleError(Exception):

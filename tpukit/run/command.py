@@ -52,6 +52,7 @@ class RunRequest:
     eager_mode: str | None = None
     explain_graphs: bool = False  # dump every graph's HLO to diff recompiled graphs
     graph_diffs: bool = True  # else no graph_capture (--no-graph-diffs)
+    shim: bool = True  # the runtime layer (tpukit/shim), else --no-shim
 
 
 def choose_device(env: dict) -> str | None:
@@ -202,7 +203,8 @@ def run_command(request: RunRequest) -> int:
 
         live = LiveReport(request.json_path, lambda: _report(
             request, probe, display, Outcome(0, "running"), time.perf_counter() - start, cuda,
-            partial=True))
+            partial=True, shim=shim))
+    shim = _install_shim(request) if request.shim else None
     probe = Probe(log, request.max_steps, fan_out(profiler, live))
     probe.graph_dump = dump
     if dump is None and log is not None and request.graph_diffs:
@@ -223,6 +225,8 @@ def run_command(request: RunRequest) -> int:
     finally:
         probe.activity.stop()
         probe.uninstall()
+        if shim is not None:
+            shim.uninstall()
         wall = time.perf_counter() - start
         if log is not None:
             log.close()
@@ -231,7 +235,8 @@ def run_command(request: RunRequest) -> int:
         if dump is not None:
             dump.read_new()
             dump.remove()
-    report, failed = _report(request, probe, display, outcome, wall, cuda, profiler=profiler)
+    report, failed = _report(request, probe, display, outcome, wall, cuda, profiler=profiler,
+                             shim=shim)
     summary = report.summary.to_dict()
     _emit(request, report, lambda: print_summary(summary, sys.stderr))
     if summary["profile"] is not None:
@@ -261,10 +266,20 @@ def loader_threads_alive() -> bool:
                for t in threading.enumerate() if t.is_alive())
 
 
+def _install_shim(request: RunRequest):
+    """The runtime layer over torch, before the probe's patches (it is uninstalled after
+    them); the program is the script's folder (the working directory for -m)."""
+    from tpukit.shim import Shim
+
+    root = Path(request.script).resolve().parent if request.script else Path.cwd()
+    return Shim([root]).install()
+
+
 def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda: list,
-            profiler=None, partial: bool = False) -> tuple[Report, list[str]]:
+            profiler=None, partial: bool = False, shim=None) -> tuple[Report, list[str]]:
     """The run's report and the --fail-on kinds it fails on; `partial`: while the script still
-    runs (what --json holds until the run ends)."""
+    runs (what --json holds until the run ends); `shim`: the runtime layer, whose call sites
+    are findings (TPU707, TPU708)."""
     from tpukit.run.analysis import analyse
     from tpukit.run.summary import RunSummary
 
@@ -279,7 +294,12 @@ def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda
         profile = summarise(profiler)
     # `# tpukit: ignore[...]` comments in the user's files silence findings at their lines: out of
     # the report and of --fail-on, listed in the summary
-    kept, suppressed = split_files(cuda + analysis.findings + advice["findings"])
+    layer = []
+    if shim is not None:
+        from tpukit.shim.report import findings as shim_findings
+
+        layer = shim_findings(shim.records())
+    kept, suppressed = split_files(cuda + layer + analysis.findings + advice["findings"])
     kept_ids = {id(f) for f in kept}
     analysis.findings = [f for f in analysis.findings if id(f) in kept_ids]
     failed = analysis.failures(request.fail_on)

@@ -20,8 +20,9 @@ class RunFinding(Finding):
     fails_on: str | None = None
 
 
-def finding(code: str, message: str, where: tuple[str, int], severity: Severity | None = None,
+def finding(code: str, message: str, where: tuple, severity: Severity | None = None,
             fails_on: str | None = None, **extra) -> RunFinding:
-    return RunFinding.from_rule(load_rules()[code], Location(where[0], where[1]), message,
+    """`where`: (path, line) or (path, line, col)."""
+    return RunFinding.from_rule(load_rules()[code], Location(*where), message,
                                 severity=severity, fix=FixKind.NONE, extra=extra,
                                 fails_on=fails_on)

@@ -1,0 +1,64 @@
+"""The runtime layer's call sites as findings (TPU707 redirected, TPU708 refused) and as
+lines for a plain `python -m tpukit.shim` run."""
+
+from __future__ import annotations
+
+import os
+from tpukit.shim.sites import Redirect
+
+
+def shown(path: str | None) -> str:
+    if path is None:
+        return "?"
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if relative.startswith("..") else relative
+
+
+def message(record: Redirect) -> str:
+    site = f"{shown(record.path)}:{record.line}"
+    text = " ".join(record.code.split())
+    calls = f" ({record.count} calls)" if record.count > 1 else ""
+    said = f"`{text}` ({record.api})" if text else f"`{record.api}`"
+    if record.refused:
+        where = "" if record.in_program or not record.program_path else (
+            f" (reached from {shown(record.program_path)}:{record.program_line})")
+        return (f"{said} at {site}{where} has no TPU meaning: {record.action}; "
+                "the layer raised instead of CUDA's driver error: ask "
+                "`torch.cuda.is_available()` first (False on this host) or remove the call")
+    if not record.in_program:
+        where = (f"reached from {shown(record.program_path)}:{record.program_line}"
+                 if record.program_path else "reached from no line of the program")
+        return f"{said}, in code tpukit does not rewrite, {where}: {record.action}{calls}"
+    if record.literal:
+        return (f"{said} in the program names CUDA: {record.action}; "
+                f"`tpukit migrate {shown(record.path)}` ports this line: run it (the layer "
+                f"covered for the port here){calls}")
+    return (f"{said} in the program got a CUDA device from a value (a "
+            f"command-line option, a config file): {record.action}; pass the XLA device "
+            f"(e.g. `--device xla`) to say what the program runs on{calls}")
+
+
+def findings(records: list[Redirect]) -> list:
+    from tpukit.run.run_finding import finding
+
+    out = []
+    for record in records:
+        code = "TPU707"  # redirected
+        if record.refused:
+            code = "TPU708"
+        out.append(finding(code, message(record), (shown(record.path), record.line, record.col),
+                       api=record.api, action=record.action, count=record.count,
+                       in_program=record.in_program, literal=record.literal,
+                       program_path=shown(record.program_path) if record.program_path else None,
+                       program_line=record.program_line))
+    return out
+
+
+def describe(records: list[Redirect]) -> list[str]:
+    """One line per call site, for stderr."""
+    return [f"{'refused' if r.refused else 'redirected'} ({r.count}x): {message(r)}"
+            for r in records]
+
