@@ -15,6 +15,13 @@ torch_xla's metrics at the end) to get its compile time.
 
     .venv/bin/python benchmarks/run_overhead.py [--fixture gpt_manual_batches] [--steps 20] [--repeat 5]
         [--base /tmp/base-worktree]   # an earlier commit's tpukit, side by side
+    .venv/bin/python benchmarks/run_overhead.py --shim [--steps 200] [--repeat 5]
+
+`--shim` measures the runtime layer instead (tpukit/shim): fixtures/shim/prog/train.py, whose
+every step calls three patched APIs (`.to(device)` twice, a package's factory with a device),
+run by `tpukit run` with `--device cuda` (each call redirected), with `--device xla` (the
+layer's no-CUDA path) and with `--device xla --no-shim` (no layer): the medians of the run's
+time less its compile time, and the ratios to the run without the layer.
 """
 
 from __future__ import annotations
@@ -62,6 +69,28 @@ def probed(script: Path, args: list[str], cwd: str, options: tuple[str, ...] = (
     return wall, summary["wall_s"] - summary["compile_s"], summary["compile_s"]
 
 
+def shim_overhead(steps: int, repeat: int) -> None:
+    folder = ROOT / "fixtures" / "shim" / "prog"
+    env = {"PYTHONPATH": str(ROOT / "fixtures" / "shim" / "site")}
+    base = ["--steps", str(steps), "--barrier"]
+    variants = {"layer, --device cuda": ((), ["--device", "cuda"]),
+                "layer, --device xla": ((), ["--device", "xla"]),
+                "no layer, --device xla": (("--no-shim",), ["--device", "xla"])}
+    runs = {name: [] for name in variants}
+    with tempfile.TemporaryDirectory() as out:
+        for _ in range(repeat):
+            for name, (options, device) in variants.items():
+                runs[name].append(probed(folder / "train.py", [*base, *device], out,
+                                         ("--no-cuda-check", *options), env))
+    print(f"runtime layer: fixtures/shim/prog/train.py, {steps} steps of 3 patched calls each, "
+          f"{repeat} runs each, interleaved; PJRT_DEVICE={os.environ.get('PJRT_DEVICE', 'CPU')}")
+    reference = statistics.median(r[1] for r in runs["no layer, --device xla"])
+    for name, results in runs.items():
+        t = statistics.median(r[1] for r in results)
+        print(f"run - compile s  {name:24} median {t:7.3f} "
+              f"({' '.join(f'{r[1]:.3f}' for r in results)})  ratio to no layer {t / reference:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fixture", default="gpt_manual_batches")
@@ -70,7 +99,12 @@ def main() -> None:
     parser.add_argument("--base", type=Path, default=None,
                         help="a checkout of another tpukit (a worktree of an earlier commit), run "
                              "side by side as `base` (PYTHONPATH) to measure what a change costs")
+    parser.add_argument("--shim", action="store_true",
+                        help="measure the runtime layer (tpukit/shim) instead; see above")
     args = parser.parse_args()
+    if args.shim:
+        shim_overhead(args.steps, args.repeat)
+        return
     folder = ROOT / "fixtures" / args.fixture
     script = folder / "xla.py"
     script_args = list(tomllib.loads((folder / "fixture.toml").read_text()).get("args", []))

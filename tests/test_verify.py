@@ -129,6 +129,21 @@ def test_a_changed_port_diverges_at_its_step_and_is_located(tmp_path, run_cli, e
 
 
 @pytest.mark.xla
+def test_an_original_that_only_runs_on_cuda_is_the_reference_on_the_cpu(tmp_path, run_cli):
+    """An original that puts everything on CUDA unconditionally runs on the CPU through the
+    runtime layer (`--to cpu`): without it, CUDA's driver error, and nothing to compare."""
+    original = tmp_path / "cuda_only.py"
+    text = SCRIPT.read_text()
+    guarded = 'device = torch.device("cuda" if torch.cuda.is_available() else "cpu")'
+    assert guarded in text
+    original.write_text(text.replace(guarded, 'device = torch.device("cuda")'))
+    summary = _verify(run_cli, tmp_path, str(original), "--steps", "3", rc=0)
+    assert summary["verdict"] == "match" and summary["steps_compared"] == 3
+    assert summary["sides"]["original"]["devices"] == ["cpu"]
+    assert summary["sides"]["port"]["devices"] == ["xla"]
+
+
+@pytest.mark.xla
 def test_dropout_the_port_draws_on_its_device_is_not_comparable(tmp_path, run_cli):
     summary = _verify(run_cli, tmp_path, str(ATTENTION), "--steps", "3", rc=3)
     assert summary["verdict"] == "incomparable" and summary["first_divergent_step"] is None

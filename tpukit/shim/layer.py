@@ -99,8 +99,8 @@ class CpuBackend:
     """The layer's other target: the CPU, for running an original CUDA script as the reference
     on a host without CUDA (the corpus harness's and `tpukit verify`'s original side). The CPU
     computes eagerly: nothing to wait for; CUDA seeds seed CUDA's generator on a GPU and leave the
-    CPU's alone, so here they do nothing; autocast on CUDA is left as written (it does nothing
-    to CPU tensors: the reference stays float32)."""
+    CPU's alone, so here they do nothing; CUDA autocast and GradScaler are left as written (the
+    autocast does nothing to CPU tensors: the reference stays float32)."""
 
     name = "CPU"
     device_type = "cpu"
@@ -384,6 +384,8 @@ class Layer(Patch):
 
     def _amp(self) -> None:
         note, backend = self.sites.note, self.backend
+        if backend.device_type == "cpu":  # the reference runs them as written
+            return
         autocast = torch.amp.autocast_mode.autocast
         scaler = torch.amp.grad_scaler.GradScaler
         autocast_init, scaler_init = autocast.__init__, scaler.__init__
@@ -391,7 +393,7 @@ class Layer(Patch):
         scaler_signature = inspect.signature(scaler_init)
 
         def start(self, device_type, dtype=None, enabled=True, cache_enabled=None):
-            if device_type == "cuda" and ours != "cpu":
+            if device_type == "cuda":
                 if dtype is None or dtype == torch.float16:
                     note("torch.autocast('cuda')", f"float16 autocast on CUDA became bfloat16 "
                          f"autocast on {backend.name}: TPUs compute in bfloat16")

@@ -19,7 +19,7 @@ with the parameters' norm when that step's first forward starts, and the gradien
 and the update's size of step K-1: where the two runs first differ (command.py compares them).
 
     python -m tpukit.verify.child --out OUT.json [--steps N] [--locate K] [--perturb E]
-                                  [--seed S] SCRIPT ARGS
+                                  [--seed S] [--shim xla|cpu|none] SCRIPT ARGS
 """
 
 from __future__ import annotations
@@ -378,11 +378,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--locate", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--perturb", type=float, default=0.0)
+    parser.add_argument("--shim", choices=("xla", "cpu", "none"), default="none",
+                        help="the runtime layer (tpukit/shim) and where it sends CUDA calls")
     parser.add_argument("script", type=Path)
     parser.add_argument("args", nargs=argparse.REMAINDER)
     options = parser.parse_args(argv)
     from tpukit.run.script import run_target
 
+    if options.shim != "none":  # before the recorder's patches, which then call through it
+        import tpukit.shim
+
+        tpukit.shim.install(options.script, options.shim)
     _seed(options.seed)
     recorder = Recorder(options.script, options.steps, options.locate, options.seed,
                         options.perturb)

@@ -105,8 +105,12 @@ def _start(side: str, script: Path, request: VerifyRequest, work: Path,
     name = f"{name}-perturbed" if perturb else name
     out = work / f"{name}.json"
     log = work / f"{name}.log"
+    # the runtime layer, as `tpukit run` installs it: the port's CUDA in code tpukit does not
+    # rewrite lands on XLA; the original's CUDA (a `.cuda()`, a package's device='cuda', an
+    # unconditional synchronize) runs on the CPU, its reference
     command = [sys.executable, "-m", "tpukit.verify.child", "--out", str(out),
-               "--steps", str(steps), "--seed", str(request.seed)]
+               "--steps", str(steps), "--seed", str(request.seed),
+               "--shim", "cpu" if side == "original" else "xla"]
     if locate_step is not None:
         command += ["--locate", str(locate_step)]
     if perturb:
