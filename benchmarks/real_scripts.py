@@ -565,7 +565,11 @@ def run_entry(entry: dict, mirrors: Path, work: Path, python: str, sites: list[P
         RECIPES[entry.get("data", "none")](port / cwd_rel, entry)
     if not r.needs_edit and not verify_only:
         env = base_env(entry, orig, sites, seed_dir)
-        cmd = [python, script_rel, *args, *[str(a) for a in entry.get("original_args", [])]]
+        # original_shim: the original runs under the runtime layer sent to the CPU (CUDA in an
+        # installed package, or an unconditional CUDA call, that nothing on a CPU host answers)
+        shim = ["-m", "tpukit.shim", "--to", "cpu"] if entry.get("original_shim") else []
+        cmd = [python, *shim, script_rel, *args,
+               *[str(a) for a in entry.get("original_args", [])]]
         log = work / "original.log"
         code, status, wall = run_process(cmd, orig / cwd_rel, env, log, timeout, pattern,
                                          steps if entry.get("stop_original", False) else 0,

@@ -378,3 +378,19 @@ def test_a_mask_write_on_a_name_some_binding_makes_a_numpy_array_stays():
             return mm[mm == 0], torch.zeros(3).cuda()
         """)
     assert not [f for f in read.findings if f.code == "TPU502"]
+
+
+def test_a_cuda_default_nothing_uses_as_a_device_is_not_the_device_to_move_to():
+    # `.cuda()` -> `.to(device)` only where `device` is ported: an unused "cuda" default stays
+    # as written (TPU101 ports a default only where the parameter is used as a device), so
+    # `.to(device)` there would move to CUDA
+    new = migrate("""
+        import torch
+        def f(x, *, device="cuda"):
+            return x.cuda()
+        def g(x, device="cuda"):
+            y = torch.zeros(2, device=device)
+            return x.cuda() + y
+        """).new_source
+    assert 'def f(x, *, device="cuda"):\n    return x.to(torch_xla.device())' in new
+    assert 'def g(x, device="xla"):' in new and "return x.to(device) + y" in new

@@ -150,12 +150,19 @@ class DeviceFacts:
         params = node.params.posonly_params + node.params.params + node.params.kwonly_params
         # A parameter that holds a device, by what its callers give it, its default, its
         # annotation or what the function does with it; `device=None` is no device:
-        # `.cuda(device)` there means the current one.
+        # `.cuda(device)` there means the current one. A CUDA string default that nothing uses
+        # as a device stays as written (TPU101 ports only one that is used): `.to(device)`
+        # would move to CUDA.
         self.scopes.append({p.name.value: None for p in params if not _is_none(p.default)
                             and self.values is not None
-                            and "device" in self.values.parameter_kinds(node, p)})
+                            and "device" in self.values.parameter_kinds(node, p)
+                            and not self._unported_default(p)})
 
     visit_Lambda = visit_FunctionDef
+
+    def _unported_default(self, param: cst.Param) -> bool:
+        return (param.default is not None and is_cuda_device_string(param.default)
+                and not self.values.used_as_device_string(param.name))
 
     def leave_FunctionDef(self, node) -> None:
         self.scopes.pop()
