@@ -238,3 +238,28 @@ def test_to_cpu_runs_the_original_as_the_reference(tmp_path):
     assert plain == redirected and len(plain) == 3
     assert "amp torch.float32 scaler" in proc.stdout  # CUDA autocast as written: fp32 on the CPU
     assert "put on the CPU device instead of 'cuda'" in proc.stderr
+
+
+def test_a_program_call_the_migrate_rules_port_is_named_with_the_rule(tmp_path):
+    """With the run's check of the script (TPU704's), a redirected call on a line the migrate
+    rules would change says which rule ports it; the process group's NCCL and DDP's CUDA
+    device_ids go to XLA's at run time meanwhile."""
+    script = tmp_path / "ddp.py"
+    script.write_text(
+        "import os\nimport torch\nfrom torch.distributed import init_process_group\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=os.environ.get('MASTER_PORT', "
+        "'29541'), RANK='0', WORLD_SIZE='1')\n"
+        "init_process_group(backend='nccl')\n"
+        "model = DDP(torch.nn.Linear(2, 2).to(0), device_ids=[0])\n"
+        "print(next(model.parameters()).device, torch.distributed.get_backend())\n")
+    report_path = tmp_path / "r.json"
+    proc = subprocess.run([tpukit_executable(), "run", "--json", str(report_path), str(script)],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "xla:0 xla" in proc.stdout
+    report = json.loads(report_path.read_text())
+    found = {f["line"]: f for f in redirects(report)}
+    assert found[6]["extra"]["ported_by"] == "TPU401"
+    assert "ports this line (TPU401)" in found[6]["message"]
+    assert found[7]["extra"]["ported_by"] in ("TPU101", "TPU102", "TPU402")

@@ -53,6 +53,7 @@ class RunRequest:
     explain_graphs: bool = False  # dump every graph's HLO to diff recompiled graphs
     graph_diffs: bool = True  # else no graph_capture (--no-graph-diffs)
     shim: bool = True  # the runtime layer (tpukit/shim), else --no-shim
+    ported: dict = field(default_factory=dict, init=False)  # set by run_command
 
 
 def choose_device(env: dict) -> str | None:
@@ -190,6 +191,10 @@ def run_command(request: RunRequest) -> int:
         raise UsageError(f"torch_xla is not importable ({exc}): pip install 'tpukit[xla]'") from exc
     idioms = cuda_check_result(check) if check is not None else []
     cuda = [_cuda_finding(request.script, idioms)] if idioms else []
+    # the script's lines the migrate rules would still change: a redirected call there is one
+    # `tpukit migrate` ports (the runtime layer's findings say so, with the rule)
+    request.ported = {(str(Path(request.script).resolve()), f["line"]): f["code"]
+                      for f in sorted(idioms, key=lambda f: f["code"], reverse=True)}
     for finding in cuda:  # said before the script runs
         print(f"tpukit: warning: {finding.message}", file=sys.stderr, flush=True)
     from tpukit.run.probe import Probe, StopRun, fan_out
@@ -298,7 +303,7 @@ def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda
     if shim is not None:
         from tpukit.shim.report import findings as shim_findings
 
-        layer = shim_findings(shim.records())
+        layer = shim_findings(shim.records(), request.ported)
     kept, suppressed = split_files(cuda + layer + analysis.findings + advice["findings"])
     kept_ids = {id(f) for f in kept}
     analysis.findings = [f for f in analysis.findings if id(f) in kept_ids]

@@ -94,6 +94,11 @@ class XlaBackend:
 
         return xp.Trace(name)
 
+    def process_group_backend(self) -> str:
+        import torch_xla.distributed.xla_backend  # noqa: F401  (registers "xla")
+
+        return "xla"
+
 
 class CpuBackend:
     """The layer's other target: the CPU, for running an original CUDA script as the reference
@@ -124,6 +129,9 @@ class CpuBackend:
 
     def trace(self, name: str):
         return torch.profiler.record_function(name)
+
+    def process_group_backend(self) -> str:
+        return "gloo"
 
 
 BACKENDS = {"xla": XlaBackend, "cpu": CpuBackend}
@@ -164,6 +172,7 @@ class Layer(Patch):
         self._cuda_api(data["refused"])
         self._amp()
         self._load()
+        self._distributed()
 
     def _factory(self, owner, name: str, api: str) -> None:
         original = getattr(owner, name)
@@ -418,6 +427,48 @@ class Layer(Patch):
         functools.update_wrapper(scale, scaler_init)
         self.replace(autocast, "__init__", start)
         self.replace(scaler, "__init__", scale)
+
+    # -- torch.distributed -----------------------------------------------------------------
+
+    def _distributed(self) -> None:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not dist.is_available():
+            return
+        note, backend = self.sites.note, self.backend
+        init, ddp_init = distributed_c10d.init_process_group, DistributedDataParallel.__init__
+        init_signature = inspect.signature(init)
+        ddp_signature = inspect.signature(ddp_init)
+
+        def init_process_group(*args, **kwargs):
+            bound = init_signature.bind(*args, **kwargs)
+            chosen = bound.arguments.get("backend")
+            if isinstance(chosen, str) and "nccl" in chosen.lower().split(":")[-1].split(","):
+                ours = backend.process_group_backend()
+                note("init_process_group(backend='nccl')", f"NCCL is CUDA's: the process group "
+                     f"runs on {ours!r}, the {backend.name} backend")
+                bound.arguments["backend"] = ours
+            return init(*bound.args, **bound.kwargs)
+
+        def ddp(self, *args, **kwargs):
+            bound = ddp_signature.bind(self, *args, **kwargs)
+            ids = bound.arguments.get("device_ids")
+            module = bound.arguments.get("module")
+            first = next(module.parameters(), None) if module is not None else None
+            if ids and first is not None and first.device.type == backend.device_type:
+                note("DistributedDataParallel(device_ids=...)", f"device_ids name CUDA devices; "
+                     f"a module on the {backend.name} device takes none (device_ids=None)")
+                bound.arguments["device_ids"] = None
+                bound.arguments["output_device"] = None
+            ddp_init(*bound.args, **bound.kwargs)
+
+        functools.update_wrapper(init_process_group, init)
+        functools.update_wrapper(ddp, ddp_init)
+        self.replace(distributed_c10d, "init_process_group", init_process_group)
+        self.replace(dist, "init_process_group", init_process_group)
+        self.replace(DistributedDataParallel, "__init__", ddp)
 
     # -- torch.load ------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ lines for a plain `python -m tpukit.shim` run."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from tpukit.shim.sites import Redirect
 
 
@@ -17,7 +18,9 @@ def shown(path: str | None) -> str:
     return path if relative.startswith("..") else relative
 
 
-def message(record: Redirect) -> str:
+def message(record: Redirect, ported: str | None = None) -> str:
+    """`ported`: the migrate rule that would change the call's line, where the run checked
+    the program (TPU704's check): then the program's call is one `tpukit migrate` ports."""
     site = f"{shown(record.path)}:{record.line}"
     text = " ".join(record.code.split())
     calls = f" ({record.count} calls)" if record.count > 1 else ""
@@ -32,6 +35,10 @@ def message(record: Redirect) -> str:
         where = (f"reached from {shown(record.program_path)}:{record.program_line}"
                  if record.program_path else "reached from no line of the program")
         return f"{said}, in code tpukit does not rewrite, {where}: {record.action}{calls}"
+    if ported:
+        return (f"{said} in the program: {record.action}; `tpukit migrate "
+                f"{shown(record.path)}` ports this line ({ported}): run it (the layer covered "
+                f"for the port here){calls}")
     if record.literal:
         return (f"{said} in the program names CUDA: {record.action}; "
                 f"`tpukit migrate {shown(record.path)}` ports this line: run it (the layer "
@@ -41,7 +48,9 @@ def message(record: Redirect) -> str:
             f"(e.g. `--device xla`) to say what the program runs on{calls}")
 
 
-def findings(records: list[Redirect]) -> list:
+def findings(records: list[Redirect], ported: dict | None = None) -> list:
+    """`ported`: {(resolved path, line): rule code} of the program lines the migrate rules
+    would still change."""
     from tpukit.run.run_finding import finding
 
     out = []
@@ -49,12 +58,21 @@ def findings(records: list[Redirect]) -> list:
         code = "TPU707"  # redirected
         if record.refused:
             code = "TPU708"
-        out.append(finding(code, message(record), (shown(record.path), record.line, record.col),
+        rule = (ported or {}).get((_resolved(record.path), record.line))
+        out.append(finding(code, message(record, rule), (shown(record.path), record.line, record.col),
                        api=record.api, action=record.action, count=record.count,
                        in_program=record.in_program, literal=record.literal,
+                       ported_by=rule,
                        program_path=shown(record.program_path) if record.program_path else None,
                        program_line=record.program_line))
     return out
+
+
+def _resolved(path: str) -> str:
+    try:
+        return str(Path(path).resolve())
+    except OSError:
+        return path
 
 
 def describe(records: list[Redirect]) -> list[str]:

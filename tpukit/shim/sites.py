@@ -138,8 +138,9 @@ def _call_text(frame) -> tuple[str | None, int]:
 
 
 def _names_cuda(text: str | None, api: str) -> bool:
-    """Does the call's own text hold the CUDA device: a `.cuda()` call or a 'cuda' / 'cuda:N'
-    string constant (what `tpukit migrate` ports where it is written)?"""
+    """Does the call's own text hold what makes it CUDA's: a `.cuda()` call, a 'cuda' /
+    'cuda:N' device or the 'nccl' backend as a string constant (what `tpukit migrate` ports
+    where it is written)?"""
     if api.endswith(".cuda()"):
         return True
     if not text:
@@ -150,6 +151,6 @@ def _names_cuda(text: str | None, api: str) -> bool:
         return False
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if node.value == "cuda" or node.value.startswith("cuda:"):
+            if node.value in ("cuda", "nccl") or node.value.startswith("cuda:"):
                 return True
     return False
