@@ -707,6 +707,6 @@ def test_a_script_that_compiles_runs_to_its_end_with_graph_diffs(tmp_path):
     proc = subprocess.run([tpukit_executable(), "run", "--json", str(out),
                            str(FIXTURES / "varlen_seq_model" / "xla.py"), "--steps", "4"],
                           env={**os.environ, "NO_COLOR": "1", **CPU}, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, cwd=tmp_path)  # it saves gru_tagger.pt to "."
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(out.read_text())["summary"]["outcome"] == "ok"
