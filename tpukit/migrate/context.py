@@ -95,7 +95,6 @@ class MigrationContext:
             sink.cuda_only.append(why)  # the whole module: findings only
         self.at_import_time = devices.at_import_time
         self.import_time_reason = devices.import_time_reason
-        self.bind_device, self.device_in_scope = devices.bind, devices.in_scope
 
     def owner_leaves(self, rule: str, case: str) -> bool:
         """Does the policy table (rules/catalog/ownership.toml) keep `case` of `rule` (a

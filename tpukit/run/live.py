@@ -24,7 +24,6 @@ class LiveReport(StepListener):
     def __init__(self, path: Path, build: Callable[[], tuple]) -> None:
         self.path = path
         self.build = build  # () -> (Report, failed kinds)
-        self.writes = 0
         self._next = 0.0  # perf_counter time from which the next write may happen
 
     def step_ended(self, index: int, final: bool) -> None:
@@ -41,4 +40,3 @@ class LiveReport(StepListener):
 
         report, _failed = self.build()
         atomic_write(self.path, json.dumps(as_dict(report), indent=2) + "\n")
-        self.writes += 1

@@ -39,7 +39,7 @@ class Transform:
     # Qualified names this rule rewrites in a leave hook (after the generic unmapped-API rule
     # has looked at them): listed so that rule leaves them alone.
     claims: frozenset[str] = frozenset()
-    # Reads the device variable in scope (ctx.device_expr, device_in_scope).
+    # Reads the device variable in scope (ctx.device_expr).
     reads_device_facts: bool = False
 
     def __init__(self, rule: Rule, ctx: MigrationContext) -> None:
