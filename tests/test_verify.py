@@ -164,3 +164,29 @@ def test_a_missing_script_is_one_line_and_exit_2(tmp_path, run_cli):
     proc = run_cli("verify", str(tmp_path / "nope.py"), check_rc=2, cwd=tmp_path)
     assert proc.stderr.strip().endswith("nope.py: no such file")
     assert "Traceback" not in proc.stderr
+
+
+def test_a_locating_run_that_fails_is_said_never_a_silent_null(tmp_path, monkeypatch):
+    """The run that records the divergent step's modules can fail where the comparison ran
+    (a hook on a module, a timeout): the summary says which side and why."""
+    from tpukit.verify import command
+
+    script = tmp_path / "t.py"
+    script.write_text("pass\n")
+    ok = {"outcome": "max-steps", "losses": [1.0, 1.0], "low_precision": []}
+    diverged = {**ok, "losses": [1.0, 1.5]}
+
+    def both(request, script, port, work, steps, locate_step=None):
+        if locate_step is None:
+            return dict(ok), dict(diverged)
+        return dict(ok), {"outcome": "error", "error": "RuntimeError: hook", "losses": []}
+
+    monkeypatch.setattr(command, "_both", both)
+    monkeypatch.setattr(command, "_finish", lambda *a, **k: dict(ok))
+    monkeypatch.setattr(command, "_start", lambda *a, **k: None)
+    summary = command.verify(command.VerifyRequest(script=script, port=script, steps=2))
+    assert summary["verdict"] == "diverged" and summary["first_divergent_step"] == 1
+    where = summary["where"]
+    assert (where["kind"], where["side"], where["error"]) == ("unlocated", "port",
+                                                               "RuntimeError: hook")
+    assert "not located" in where["text"] and "port" in where["text"]

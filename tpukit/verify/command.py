@@ -236,9 +236,15 @@ def verify(request: VerifyRequest) -> dict:
             summary["where"] = {**where, "text": describe(where)}
         elif step is not None:
             first, second = _both(request, script, port, work, step + 1, locate_step=step)
-            if not (_failed(first) or _failed(second)):
+            failed = [(side, r) for side, r in (("original", first), ("port", second))
+                      if _failed(r)]
+            if failed:  # said, never a silent null
+                side, result = failed[0]
+                where = {"step": step, "kind": "unlocated", "side": side,
+                         "error": result.get("error") or f"exit {result.get('exit_code')}"}
+            else:
                 where = locate(step, first, second, steps_rtol[step])
-                summary["where"] = {**where, "text": describe(where)}
+            summary["where"] = {**where, "text": describe(where)}
         return summary
 
 

@@ -156,6 +156,9 @@ def describe(where: dict) -> str:
                 f"`{where['original_module']}` in the original, `{where['port_module']}` in "
                 "the port (a model compiled on one side runs its modules as one graph there: "
                 "compare with the compile off to see which module first differs)")
+    if kind == "unlocated":
+        return (f"not located: the run that records step {step}'s modules failed on the "
+                f"{where['side']} ({where['error']})")
     if kind == "module":
         return (f"the first module whose output differs in step {step} is "
                 f"`{where['module']}` (output norm {where['original_norm']:.6g} vs "
