@@ -397,9 +397,8 @@ class Layer(Patch):
             return
         autocast = torch.amp.autocast_mode.autocast
         scaler = torch.amp.grad_scaler.GradScaler
-        autocast_init, scaler_init = autocast.__init__, scaler.__init__
+        autocast_init = autocast.__init__
         ours = backend.device_type
-        scaler_signature = inspect.signature(scaler_init)
 
         def start(self, device_type, dtype=None, enabled=True, cache_enabled=None):
             if device_type == "cuda":
@@ -414,19 +413,32 @@ class Layer(Patch):
             autocast_init(self, device_type, dtype=dtype, enabled=enabled,
                           cache_enabled=cache_enabled)
 
-        def scale(self, *args, **kwargs):
-            bound = scaler_signature.bind(self, *args, **kwargs)
-            bound.apply_defaults()
-            if bound.arguments["device"] == "cuda" and bound.arguments["enabled"]:
+        def scale(arguments) -> None:
+            if arguments["device"] == "cuda" and arguments["enabled"]:
                 note("GradScaler('cuda')", "disabled: bfloat16 needs no loss scaling "
                      "(scale() returns the loss, step() calls the optimizer's step)")
-                bound.arguments["enabled"] = False
-            scaler_init(*bound.args, **bound.kwargs)
+                arguments["enabled"] = False
 
         functools.update_wrapper(start, autocast_init)
-        functools.update_wrapper(scale, scaler_init)
         self.replace(autocast, "__init__", start)
-        self.replace(scaler, "__init__", scale)
+        self._adjusted(scaler, "__init__", scale)
+
+    def _adjusted(self, owner, name: str, adjust, *also) -> None:
+        """Replaces `owner.name` (and the same function at each `also` owner) with a wrapper
+        that binds the call's arguments to its signature and lets `adjust(arguments)` change
+        them before the call."""
+        original = getattr(owner, name)
+        signature = inspect.signature(original)
+
+        def wrapper(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            adjust(bound.arguments)
+            return original(*bound.args, **bound.kwargs)
+
+        functools.update_wrapper(wrapper, original)
+        for where in (owner, *also):
+            self.replace(where, name, wrapper)
 
     # -- torch.distributed -----------------------------------------------------------------
 
@@ -438,37 +450,26 @@ class Layer(Patch):
         if not dist.is_available():
             return
         note, backend = self.sites.note, self.backend
-        init, ddp_init = distributed_c10d.init_process_group, DistributedDataParallel.__init__
-        init_signature = inspect.signature(init)
-        ddp_signature = inspect.signature(ddp_init)
 
-        def init_process_group(*args, **kwargs):
-            bound = init_signature.bind(*args, **kwargs)
-            chosen = bound.arguments.get("backend")
+        def process_group(arguments) -> None:
+            chosen = arguments.get("backend")
             if isinstance(chosen, str) and "nccl" in chosen.lower().split(":")[-1].split(","):
                 ours = backend.process_group_backend()
                 note("init_process_group(backend='nccl')", f"NCCL is CUDA's: the process group "
                      f"runs on {ours!r}, the {backend.name} backend")
-                bound.arguments["backend"] = ours
-            return init(*bound.args, **bound.kwargs)
+                arguments["backend"] = ours
 
-        def ddp(self, *args, **kwargs):
-            bound = ddp_signature.bind(self, *args, **kwargs)
-            ids = bound.arguments.get("device_ids")
-            module = bound.arguments.get("module")
+        def device_ids(arguments) -> None:
+            module = arguments.get("module")
             first = next(module.parameters(), None) if module is not None else None
-            if ids and first is not None and first.device.type == backend.device_type:
+            if arguments.get("device_ids") and first is not None \
+                    and first.device.type == backend.device_type:
                 note("DistributedDataParallel(device_ids=...)", f"device_ids name CUDA devices; "
                      f"a module on the {backend.name} device takes none (device_ids=None)")
-                bound.arguments["device_ids"] = None
-                bound.arguments["output_device"] = None
-            ddp_init(*bound.args, **bound.kwargs)
+                arguments["device_ids"] = arguments["output_device"] = None
 
-        functools.update_wrapper(init_process_group, init)
-        functools.update_wrapper(ddp, ddp_init)
-        self.replace(distributed_c10d, "init_process_group", init_process_group)
-        self.replace(dist, "init_process_group", init_process_group)
-        self.replace(DistributedDataParallel, "__init__", ddp)
+        self._adjusted(distributed_c10d, "init_process_group", process_group, dist)
+        self._adjusted(DistributedDataParallel, "__init__", device_ids)
 
     # -- torch.load ------------------------------------------------------------------------
 
