@@ -710,3 +710,22 @@ def test_a_script_that_compiles_runs_to_its_end_with_graph_diffs(tmp_path):
                           text=True, timeout=300, cwd=tmp_path)  # it saves gru_tagger.pt to "."
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(out.read_text())["summary"]["outcome"] == "ok"
+
+
+def test_the_script_draws_the_random_numbers_python_would_give_it(tmp_path):
+    """A seed set before the script (a sitecustomize, as the corpus harness sets one) reaches
+    the script as it would under `python SCRIPT`: tpukit's own imports (rich draws 24 bits at
+    import) do not move Python's, NumPy's or torch's global generators."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import random\nrandom.seed(0)\nimport numpy\nnumpy.random.seed(0)\n"
+        "import torch\ntorch.manual_seed(0)\n")  # unseeded, torch 2.9 seeds itself per process
+    script = tmp_path / "draw.py"
+    script.write_text("import random, numpy, torch\n"
+                      "print('drawn', random.random(), numpy.random.rand(), torch.rand(1).item())\n")
+    env = {**os.environ, **CPU, "PYTHONPATH": str(tmp_path), "NO_COLOR": "1"}
+    plain = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path)
+    run = subprocess.run([tpukit_executable(), "run", "--no-cuda-check", str(script)], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    drawn = [line for line in plain.stdout.splitlines() if line.startswith("drawn")]
+    assert drawn and drawn == [line for line in run.stdout.splitlines() if line.startswith("drawn")]

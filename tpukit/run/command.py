@@ -222,6 +222,11 @@ def run_command(request: RunRequest) -> int:
     probe.install()
     probe.activity.watch(live.write if live is not None else None)
     try:
+        import random
+
+        import tpukit
+
+        random.setstate(tpukit.RANDOM_STATE_AT_START)  # what the script would have found
         outcome = run_target(request.script, request.module, request.args, (StopRun,))
         try:
             probe.finish()

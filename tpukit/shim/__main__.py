@@ -36,6 +36,9 @@ def main(argv: list[str]) -> int:
 
     shim = tpukit.shim.install(script, to)
     try:
+        import random
+
+        random.setstate(tpukit.RANDOM_STATE_AT_START)  # what the script would have found
         outcome = run_target(script, module, args, ())
     finally:
         shim.uninstall()
