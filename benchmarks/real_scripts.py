@@ -671,12 +671,10 @@ def verify_entry(r: Result, entry: dict, orig: Path, port: Path, cwd_rel: str, a
                  timeout: float) -> None:
     """`tpukit verify` of the original (its tree) against the port (the migrated tree), run
     where the port runs: each step's loss from the tensor whose backward() runs."""
-    if entry.get("pythonpath"):
-        r.verify_detail = ("not run: the script imports the repository's packages from "
-                           "PYTHONPATH, and verify runs both sides with one environment")
-        return
     out = work / "verify.json"
-    env = base_env(entry, port, sites, seed_dir)
+    # the repository's packages from the original's tree: verify puts the port's tree's on the
+    # port's side (tpukit.verify.command.port_pythonpath)
+    env = base_env(entry, orig, sites, seed_dir)
     cmd = [python, "-m", "tpukit", "verify", "--json", str(out), "--port",
            str(port / entry["path"]), "--steps", str(entry.get("verify_steps", 3)),
            "--timeout", str(timeout)]

@@ -4,6 +4,7 @@ a faithful port matches, a changed one diverges at the right step and is located
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -190,3 +191,34 @@ def test_a_locating_run_that_fails_is_said_never_a_silent_null(tmp_path, monkeyp
     assert (where["kind"], where["side"], where["error"]) == ("unlocated", "port",
                                                                "RuntimeError: hook")
     assert "not located" in where["text"] and "port" in where["text"]
+
+
+def test_the_ports_pythonpath_names_its_own_tree():
+    from tpukit.verify.command import port_pythonpath
+
+    original, port = Path("/r/orig/projects/gpt/train.py"), Path("/w/port/projects/gpt/train.py")
+    mapped = port_pythonpath(original, port, os.pathsep.join(["/r/orig", "/r/orig/lib", "/deps", ""]))
+    assert mapped.split(os.pathsep) == ["/w/port", "/w/port/lib", "/deps", ""]
+    # scripts that share no tail (another name): nothing to align, nothing mapped
+    assert port_pythonpath(original, Path("/w/port.py"), "/r/orig") == "/r/orig"
+
+
+@pytest.mark.xla
+def test_each_side_imports_its_own_package_from_pythonpath(tmp_path, run_cli):
+    """A repository's own package on PYTHONPATH (minGPT's layout): the port's side imports the
+    port's copy. Here the port's copy doubles the learning rate: diverged at step 1, which a
+    port that imported the original's package would have called a match."""
+    text = SCRIPT.read_text().replace("import torch\n", "import torch\nimport hp\n", 1)
+    text = text.replace("lr=args.lr,", "lr=hp.LR,")
+    for tree, lr in (("orig", "0.1"), ("port", "0.2")):
+        (tmp_path / tree / "proj").mkdir(parents=True)
+        (tmp_path / tree / "lib").mkdir()
+        (tmp_path / tree / "lib" / "hp.py").write_text(f"LR = {lr}\n")
+        (tmp_path / tree / "proj" / "train.py").write_text(text)
+    run_cli("migrate", "-q", str(tmp_path / "port" / "proj" / "train.py"), check_rc=None)
+    out = tmp_path / "verify.json"
+    run_cli("verify", "--json", str(out), "--port", str(tmp_path / "port" / "proj" / "train.py"),
+            "--steps", "3", str(tmp_path / "orig" / "proj" / "train.py"), check_rc=1,
+            cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "orig" / "lib")})
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["verdict"] == "diverged" and summary["first_divergent_step"] == 1

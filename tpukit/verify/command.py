@@ -85,7 +85,7 @@ def make_port(script: Path, work: Path, target: str) -> tuple[Path, str]:
     return port, proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
 
 
-def _environment(side: str) -> dict:
+def _environment(side: str, original: Path, port: Path) -> dict:
     env = dict(os.environ)
     if side == "original":
         env["CUDA_VISIBLE_DEVICES"] = ""  # the original on the CPU
@@ -95,7 +95,30 @@ def _environment(side: str) -> dict:
 
         choose_device(env)
         xla_cpu_compile_flags(env)  # as `tpukit run` compiles on XLA:CPU
+        if env.get("PYTHONPATH"):
+            env["PYTHONPATH"] = port_pythonpath(original, port, env["PYTHONPATH"])
     return env
+
+
+def port_pythonpath(original: Path, port: Path, pythonpath: str) -> str:
+    """The port's PYTHONPATH: a folder of the original's tree on it (the repository's own
+    packages: minGPT's `mingpt/` beside `projects/chargpt/`) becomes the same folder of the
+    port's tree, so that each side imports its own. The trees are aligned by the two scripts'
+    paths: their longest common tail (the file's name at least) names the same file in both."""
+    o, p = original.resolve().parts, port.resolve().parts
+    tail = 0
+    while tail < min(len(o), len(p)) - 1 and o[-1 - tail] == p[-1 - tail]:
+        tail += 1
+    if tail == 0:
+        return pythonpath
+    o_root, p_root = Path(*o[:len(o) - tail]), Path(*p[:len(p) - tail])
+    entries = []
+    for entry in pythonpath.split(os.pathsep):
+        folder = Path(entry).resolve() if entry else None
+        if folder is not None and (folder == o_root or o_root in folder.parents):
+            entry = str(p_root / folder.relative_to(o_root))
+        entries.append(entry)
+    return os.pathsep.join(entries)
 
 
 def _start(side: str, script: Path, request: VerifyRequest, work: Path,
@@ -120,7 +143,7 @@ def _start(side: str, script: Path, request: VerifyRequest, work: Path,
         command += request.original_args
     handle = log.open("w")
     proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT,
-                            env=_environment(side), text=True)
+                            env=_environment(side, request.script, script), text=True)
     handle.close()
     return proc, out, log
 
