@@ -224,6 +224,22 @@ def test_loader_threads_are_told_apart_by_their_target():
     assert not loader_threads_alive()
 
 
+def test_a_dataloaders_worker_processes_count_as_loader_workers():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from tpukit.run.command import loader_threads_alive
+
+    loader = DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=2, num_workers=1)
+    iterator = iter(loader)
+    next(iterator)
+    try:
+        assert loader_threads_alive()
+    finally:
+        iterator._shutdown_workers()
+    assert not loader_threads_alive()
+
+
 def test_script_errors_print_a_clean_traceback_and_keep_the_steps(tmp_path, run_cli):
     path = _script(tmp_path, STEPS + "    if step == 2:\n        raise ValueError('bad batch')\n")
     proc = run_cli("run", "--format", "json", path, "5", env=CPU)

@@ -269,11 +269,17 @@ def run_command(request: RunRequest) -> int:
 
 def loader_threads_alive() -> bool:
     """Is a torch_xla device loader's worker thread (MpDeviceLoader, ParallelLoader) still
-    running? A thread keeps its target until its run ends."""
+    running (a thread keeps its target until its run ends), or a daemonic worker process (a
+    DataLoader's: multiprocessing drops a started process's target)? A loader thread that ended
+    just before this check leaves the DataLoader's worker processes to the interpreter's
+    teardown."""
+    import multiprocessing
     import threading
 
-    return any(getattr(getattr(t, "_target", None), "__module__", "").startswith("torch_xla.")
-               for t in threading.enumerate() if t.is_alive())
+    if any(getattr(getattr(t, "_target", None), "__module__", "").startswith("torch_xla.")
+           for t in threading.enumerate() if t.is_alive()):
+        return True
+    return any(p.daemon for p in multiprocessing.active_children())
 
 
 def _install_shim(request: RunRequest):
