@@ -88,6 +88,12 @@ def test_the_run_package_has_no_import_cycle():
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
 
 
+def test_tpukit_has_no_import_cycle():
+    graph = _graph(ROOT / "tpukit")
+    assert "tpukit.migrate.engine" in graph and "tpukit.shim.layer" in graph
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
 def test_the_cycle_check_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None

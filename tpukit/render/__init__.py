@@ -4,39 +4,11 @@ tpukit.migrate.command, ...): the commands import the renderers."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, TextIO
+from typing import TextIO
 
-from tpukit.findings import FileError, Finding
+from tpukit.render.report import Format, Report, summary_dict
 
-
-class Format(str, Enum):
-    TEXT = "text"
-    JSON = "json"
-    SARIF = "sarif"
-    GITHUB = "github"
-
-
-@dataclass
-class Report:
-    """What a command hands to a renderer."""
-
-    command: str
-    findings: list[Finding]
-    errors: list[FileError] = field(default_factory=list)
-    # The JSON `summary` object, or what makes it (`to_dict()`: a run's RunSummary).
-    summary: Any = field(default_factory=dict)
-    summary_line: str = ""
-    # Text output only: findings whose fix was applied are listed too.
-    show_applied: bool = True
-    # Text output only: the source line under each finding (the run report).
-    excerpts: bool = False
-
-
-def summary_dict(summary: Any) -> dict:
-    """A report's summary as the JSON object."""
-    return summary.to_dict() if hasattr(summary, "to_dict") else summary
+__all__ = ["Format", "Report", "render", "summary_dict"]
 
 
 def render(report: Report, fmt: Format, out: TextIO, err: TextIO) -> None:

@@ -11,7 +11,7 @@ import json
 from typing import TextIO
 
 from tpukit import __version__
-from tpukit.render import summary_dict
+from tpukit.render.report import summary_dict
 
 SCHEMA_VERSION = 1
 
