@@ -58,6 +58,9 @@ class XlaBackend:
     device_type = "xla"
     synchronized = "ran the pending graph and waited for the XLA device (torch_xla.sync(); xm.wait_device_ops())"
     seeded = "seeded the XLA device's generator"
+    memory_read = "read {key} of xm.get_memory_info (0 where the runtime cannot report memory, as on XLA:CPU)"
+    peak_reset = "nothing to reset: XLA's peak memory statistic cannot be reset"
+    traced = "an XProf trace scope (torch_xla.debug.profiler.Trace)"
 
     def __init__(self) -> None:
         import torch_xla
@@ -111,6 +114,9 @@ class CpuBackend:
     device_type = "cpu"
     synchronized = "nothing to wait for: the CPU computes eagerly"
     seeded = "nothing: CUDA's generator is not the CPU's, whose stream stays as it was"
+    memory_read = "0: the CPU has no device memory to count"
+    peak_reset = "nothing to reset: the CPU has no device memory statistics"
+    traced = "a PyTorch profiler range (torch.profiler.record_function)"
 
     def device(self) -> torch.device:
         return torch.device("cpu")
@@ -162,6 +168,11 @@ class Layer(Patch):
             f"tpukit runtime layer: {api} has no TPU meaning ({why}); called at {where}. "
             "Ask torch.cuda.is_available() first (False on this host) or remove the call")
 
+    def uninstall(self) -> None:
+        while self._ranges:  # ranges pushed and never popped end with the layer
+            self._ranges.pop().__exit__(None, None, None)
+        super().uninstall()
+
     def install(self, probe=None) -> None:
         data = catalog()
         for name in data["factories"]:
@@ -192,7 +203,7 @@ class Layer(Patch):
 
     def _moves(self) -> None:
         layer = self
-        tensor_to, tensor_cuda = torch.Tensor.to, torch.Tensor.cuda
+        tensor_to = torch.Tensor.to
         module_to = torch.nn.Module.to
         record_stream = torch.Tensor.record_stream
 
@@ -262,15 +273,14 @@ class Layer(Patch):
 
         def memory_stat(api: str, key: str):
             def stat(device=None):
-                note(api, f"read {key} of xm.get_memory_info (0 where the runtime cannot "
-                     "report memory, as on XLA:CPU)")
+                note(api, backend.memory_read.format(key=key))
                 info = backend.memory()
                 return int(info.get(key, 0)) if info else 0
             return stat
 
         def reset_peak(api: str):
             def reset(device=None):
-                note(api, "nothing to reset: XLA's peak memory statistic cannot be reset")
+                note(api, backend.peak_reset)
             return reset
 
         def mem_get_info(device=None):
@@ -362,7 +372,7 @@ class Layer(Patch):
 
     def _nvtx(self) -> None:
         nvtx, backend, note, ranges = torch.cuda.nvtx, self.backend, self.sites.note, self._ranges
-        action = "an XProf trace scope (torch_xla.debug.profiler.Trace)"
+        action = backend.traced
 
         def range_push(msg):
             note("torch.cuda.nvtx.range_push", action)
@@ -383,7 +393,7 @@ class Layer(Patch):
             return backend.trace(str(msg).format(*args, **kwargs))
 
         def mark(msg):
-            note("torch.cuda.nvtx.mark", "nothing: XProf has no instant markers")
+            note("torch.cuda.nvtx.mark", "nothing: no instant markers off CUDA")
 
         for name, replacement in (("range_push", range_push), ("range_pop", range_pop),
                                   ("range", range_), ("mark", mark)):
