@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
 from tpukit.shim.sites import Redirect
 
 
