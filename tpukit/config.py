@@ -46,6 +46,16 @@ def real_path(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
+def display_path(path: Path) -> str:
+    """`path` as the user sees it: relative to the working directory when it is under it, else
+    as given. abspath, not resolve: a symlink is shown under its own name."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return absolute.relative_to(real_path(Path.cwd())).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
 def find_pyproject(start: Path) -> Path | None:
     start = real_path(start)
     for folder in [start, *start.parents] if start.is_dir() else start.parents:

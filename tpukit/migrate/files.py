@@ -21,7 +21,7 @@ from typing import Iterator
 import libcst as cst
 
 from tpukit.atomic import atomic_write
-from tpukit.config import real_path
+from tpukit.config import display_path, real_path  # noqa: F401 - display_path: the commands import it here
 from tpukit.findings import FileError, Finding
 from tpukit.migrate.engine import MigrateOptions, MigrationBug, compiles, migrate_source
 from tpukit.migrate.ownership import Owner
@@ -122,15 +122,6 @@ def discover(paths: list[Path], exclude: list[str], root: Path, suffix: str = ".
                     found.append(candidate)
     unique = dict.fromkeys(found)
     return list(unique)
-
-
-def display_path(path: Path) -> str:
-    # abspath, not resolve: a symlink is shown under its own name.
-    absolute = Path(os.path.abspath(path))
-    try:
-        return absolute.relative_to(real_path(Path.cwd())).as_posix()
-    except ValueError:
-        return path.as_posix()
 
 
 # -- one file --------------------------------------------------------------------------

@@ -285,10 +285,9 @@ def loader_threads_alive() -> bool:
 def _install_shim(request: RunRequest):
     """The runtime layer over torch, before the probe's patches (it is uninstalled after
     them); the program is the script's folder (the working directory for -m)."""
-    from tpukit.shim import Shim
+    from tpukit.shim import install
 
-    root = Path(request.script).resolve().parent if request.script else Path.cwd()
-    return Shim([root]).install()
+    return install(request.script)
 
 
 def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda: list,

@@ -3,20 +3,14 @@ lines for a plain `python -m tpukit.shim` run."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from tpukit.config import display_path
 from tpukit.shim.sites import Redirect
 
 
 def shown(path: str | None) -> str:
-    if path is None:
-        return "?"
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if relative.startswith("..") else relative
+    return "?" if path is None else display_path(Path(path))
 
 
 def message(record: Redirect, ported: str | None = None) -> str:

@@ -54,9 +54,6 @@ class Redirect:
     count: int = 0
     code: str = ""  # the call's source text, where it could be read
 
-    def to_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items()}
-
 
 @dataclass
 class CallSites:

@@ -183,6 +183,17 @@ def _both(request: VerifyRequest, original: Path, port: Path, work: Path, steps:
     return first, second
 
 
+def _first_failed(original: dict, ported: dict) -> tuple[str, dict] | None:
+    """The first side that could not run (its error said, its exit status where it said
+    none), or None."""
+    for side, result in (("original", original), ("port", ported)):
+        if _failed(result):
+            if not result.get("error"):
+                result["error"] = f"it exited with status {result.get('exit_code')}"
+            return side, result
+    return None
+
+
 def _failed(result: dict) -> bool:
     return not result.get("losses") and result.get("outcome") in ("error", "exit") and (
         result.get("outcome") == "error" or result.get("exit_code"))
@@ -211,12 +222,9 @@ def verify(request: VerifyRequest) -> dict:
                                                     "optimizer_steps", "loss_line")}
                       for side, r in (("original", original), ("port", ported))},
         }
-        failed = [(side, r) for side, r in (("original", original), ("port", ported))
-                  if _failed(r)]
+        failed = _first_failed(original, ported)
         if failed:
-            side, result = failed[0]
-            if not result.get("error"):
-                result["error"] = f"it exited with status {result.get('exit_code')}"
+            side, result = failed
             summary.update(verdict="error", failed_side=side, error=result.get("error"),
                            log=result.get("log"), losses={"original": original.get("losses", []),
                                                           "port": ported.get("losses", [])})
@@ -259,12 +267,11 @@ def verify(request: VerifyRequest) -> dict:
             summary["where"] = {**where, "text": describe(where)}
         elif step is not None:
             first, second = _both(request, script, port, work, step + 1, locate_step=step)
-            failed = [(side, r) for side, r in (("original", first), ("port", second))
-                      if _failed(r)]
+            failed = _first_failed(first, second)
             if failed:  # said, never a silent null
-                side, result = failed[0]
+                side, result = failed
                 where = {"step": step, "kind": "unlocated", "side": side,
-                         "error": result.get("error") or f"exit {result.get('exit_code')}"}
+                         "error": result["error"]}
             else:
                 where = locate(step, first, second, steps_rtol[step])
             summary["where"] = {**where, "text": describe(where)}
