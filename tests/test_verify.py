@@ -4,6 +4,7 @@ a faithful port matches, a changed one diverges at the right step and is located
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -11,11 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tpukit.verify.compare import compare_losses, describe, locate, relative, tolerances
+from tpukit.verify.compare import (SPREAD, UNCOMPARABLE, amplified_from, compare_losses, describe,
+                                   explained, gradient_difference, locate, relative,
+                                   tolerances)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "fixtures" / "verify" / "train.py"
 ATTENTION = ROOT / "fixtures" / "verify" / "attention.py"
+DEEP = ROOT / "fixtures" / "verify" / "deep.py"
 
 
 # -- the comparison, on numbers ---------------------------------------------------------------
@@ -47,6 +51,61 @@ def test_a_training_that_amplifies_rounding_gets_its_noise_floor_as_tolerance():
     assert compare_losses(original, port, 1e-3, []).verdict == "diverged"
     # a stable training's floor stays below rtol: a real change still diverges
     assert tolerances(1e-3, [1.0, 0.9], [1.0000001, 0.9000002]) == [1e-3, 1e-3]
+
+
+def test_the_floor_is_an_envelope_with_spread_and_cuts_where_rounding_moves_the_loss_far():
+    original = [1.0, 1.0, 1.0, 1.0, 1.0]
+    perturbed = [1.0, 1.0 + 2e-4, 1.0 + 1e-5, 1.0 + 3e-3, 1.0 + 2e-2]
+    steps = tolerances(1e-3, original, perturbed)
+    # a step whose perturbed loss happens to agree keeps the floor reached before it
+    assert steps[2] == pytest.approx(SPREAD * 2e-4 / (1 + 2e-4))
+    assert steps[3] == pytest.approx(SPREAD * 3e-3 / (1 + 3e-3))
+    assert amplified_from(1e-3, steps) == 4 and steps[4] >= UNCOMPARABLE
+    assert amplified_from(0.5, steps) is None  # a tolerance the user set that high is theirs
+    result = compare_losses(original, [1.0, 1.0, 1.0, 1.0, 1.5], steps, [],
+                            amplified_from(1e-3, steps), [relative(a, b) for a, b in
+                                                          zip(original, perturbed)])
+    assert (result.verdict, result.steps_compared, result.comparable_until) == ("match", 4, 4)
+    assert "amplifies rounding-sized differences" in result.not_comparable_why
+
+
+def test_the_gradient_difference_is_estimated_from_random_projections():
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(64, 32), (32,), (10, 64)]
+    grads = [torch.randn(s, generator=generator, dtype=torch.float64) for s in shapes]
+    noisy = [g + 1e-2 * g.abs().mean() * torch.randn(s, generator=generator, dtype=torch.float64)
+             for g, s in zip(grads, shapes)]
+    true = math.sqrt(sum(float((a - b).pow(2).sum()) for a, b in zip(grads, noisy))
+                     / sum(float(g.pow(2).sum()) for g in grads))
+
+    def probe(tensors, seed=3, projections=64):
+        directions = torch.Generator().manual_seed(seed)
+        rows = []
+        for t in tensors:
+            flat = t.reshape(-1)
+            rows.append([flat.numel(), float(flat.pow(2).sum())] + [
+                float((flat * torch.randn(flat.shape, generator=directions,
+                                          dtype=torch.float64)).sum())
+                for _ in range(projections)])
+        return rows
+
+    assert gradient_difference(probe(grads), probe(noisy)) == pytest.approx(true, rel=0.2)
+    assert gradient_difference(probe(grads), probe(grads)) == 0.0
+    # other parameters on the two sides: no estimate
+    assert gradient_difference(probe(grads), probe(grads[:2])) is None
+    assert gradient_difference(probe(grads), probe([grads[0], grads[2], grads[1]])) is None
+
+
+def test_a_gradient_difference_is_explained_at_the_scale_rounding_moves_the_gradients():
+    assert explained(3.6e-5, 1.2e-4, 1e-3)  # within the tolerance, whatever the model
+    # a well-conditioned model's gradients 1% off: scaled or clipped otherwise
+    assert explained(1e-2, 1.2e-4, 1e-3) is False
+    # SimpleDLA's: a 1e-6 change of the weights moves them 1.8e-2, XLA's kernels 7.2e-2
+    assert explained(7.2e-2, 1.8e-2, 1e-3)
+    assert explained(0.5, 1.8e-2, 1e-3) is False
+    assert explained(1e-2, None, 1e-3) is None and explained(None, 1e-2, 1e-3) is None
 
 
 def test_nan_on_both_sides_agrees_and_on_one_does_not():
@@ -222,3 +281,42 @@ def test_each_side_imports_its_own_package_from_pythonpath(tmp_path, run_cli):
             cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "orig" / "lib")})
     summary = json.loads(out.read_text())["summary"]
     assert summary["verdict"] == "diverged" and summary["first_divergent_step"] == 1
+
+
+@pytest.mark.xla
+def test_rounding_a_training_amplifies_is_never_called_diverged(tmp_path, run_cli):
+    """A faithful port of a training that amplifies rounding ~30x a step: with its floor
+    perturbed at the first update only, and compared to the floor itself, verify said
+    "diverged" at step 3 (one draw of noise against another). Now: matched up to where
+    rounding alone moves the loss beyond comparison, and said so."""
+    summary = _verify(run_cli, tmp_path, str(DEEP), "--steps", "6", "--", "--lr", "0.5", rc=0)
+    assert summary["verdict"] == "match"
+    assert 1e-7 < summary["gradient_difference"] < 1e-3 and summary["gradient_explained"]
+    assert 1 <= summary["steps_compared"] < 6
+    assert summary["comparable_until"] == summary["steps_compared"]
+    assert "amplifies rounding-sized differences" in summary["not_comparable_why"]
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize("edit,kind", [
+    (("lr=args.lr,", "lr=args.lr * 1.1,"), "update"),
+    (("    loss.backward()\n",
+      "    loss.backward()\n    for p in model.parameters():\n        p.grad.mul_(1.01)\n"),
+     "gradient"),
+], ids=["learning-rate", "scaled-gradients"])
+def test_a_wrong_port_of_an_amplifying_training_still_diverges(tmp_path, run_cli, edit, kind):
+    port = tmp_path / "port.py"
+    shutil.copy(DEEP, port)
+    run_cli("migrate", "-q", str(port), check_rc=None)
+    text = port.read_text()
+    assert edit[0] in text
+    port.write_text(text.replace(edit[0], edit[1]))
+    summary = _verify(run_cli, tmp_path, str(DEEP), "--port", str(port), "--steps", "4", "--",
+                      "--lr", "0.5", rc=1)
+    assert summary["verdict"] == "diverged" and summary["first_divergent_step"] == 1
+    assert summary["where"]["kind"] == kind
+    if kind == "gradient":  # a gradient 1% off is more than rounding explains: said
+        assert summary["gradient_difference"] == pytest.approx(1e-2, rel=0.3)
+        assert summary["gradient_explained"] is False
+    else:
+        assert summary["gradient_explained"]

@@ -12,14 +12,21 @@ the device is not the CPU. What stays on the device's own generator (dropout ins
 `scaled_dot_product_attention`, the alpha dropouts) is recorded with its step: from there on
 the two runs cannot be compared.
 
-With `--perturb E` every trained parameter is multiplied by (1 + E x noise) when an optimizer
-first steps it: the noise floor (how far a rounding-sized change of the weights moves each
-later step's loss in this training; command.py). With `--locate K` the output norm of every module call of step K is recorded in call order,
+With `--perturb E` (the noise floor run, command.py) every trained parameter is multiplied by
+(1 + E x noise) when step 0 first calls its model (or, one no model call reaches, when an
+optimizer first steps it): how far a rounding-sized change of the weights moves each step's
+loss in this training. With `--probe-gradients` the first optimizer step's gradients are
+recorded as PROJECTIONS random projections per parameter (the same directions in every run):
+command.py estimates from them how far the port's gradients differ from the original's at the
+one step both start from the same weights and batch, and how far the floor run's perturbation
+moved them.
+With `--locate K` the output norm of every module call of step K is recorded in call order,
 with the parameters' norm when that step's first forward starts, and the gradients' norm
 and the update's size of step K-1: where the two runs first differ (command.py compares them).
 
     python -m tpukit.verify.child --out OUT.json [--steps N] [--locate K] [--perturb E]
-                                  [--seed S] [--shim xla|cpu|none] SCRIPT ARGS
+                                  [--probe-gradients] [--seed S] [--shim xla|cpu|none]
+                                  SCRIPT ARGS
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ import random
 import sys
 import traceback
 from pathlib import Path
+
+
+PROJECTIONS = 4
 
 
 class StopVerify(Exception):
@@ -52,8 +62,14 @@ def _first_tensor(value):
     return None
 
 
-def _norm(tensor) -> float:
-    return float(tensor.detach().float().norm().cpu())
+def _squares(tensor):
+    """The squared norm, as a tensor where it is (read when the run ends: a read inside the
+    step would cut the port's graph there, one compile per module)."""
+    return tensor.detach().float().pow(2).sum()
+
+
+def _root(squares: list) -> float | None:
+    return math.sqrt(sum(float(t.cpu()) for t in squares)) if squares else None
 
 
 def _user_line(script: Path) -> str | None:
@@ -67,10 +83,12 @@ def _user_line(script: Path) -> str | None:
 
 class Recorder:
     def __init__(self, script: Path, steps: int | None, locate: int | None, seed: int,
-                 perturb: float = 0.0) -> None:
+                 perturb: float = 0.0, probe_gradients: bool = False) -> None:
         self.script = script
         self.perturb = perturb  # the noise floor run: parameters perturbed by this much
         self._perturbed: set[int] = set()
+        self.probe_gradients = probe_gradients
+        self._probe: list = []  # step 0's gradients: [numel, squares, projections...] each
         self.max_steps = steps
         self.locate = locate
         self.seed = seed
@@ -84,9 +102,11 @@ class Recorder:
         self.low_precision: set[str] = set()  # "bfloat16"/"float16" seen in a forward
         self.devices: set[str] = set()
         self.calls: list[dict] = []  # --locate: {"module", "norm"} in call order
-        self.parameters_norm: float | None = None
-        self.gradient_norm: float | None = None  # --locate K: step K-1's, at its update
-        self.update_norm: float | None = None  # how far step K-1's update moved the parameters
+        # --locate K, squared norms as tensors: the parameters when step K starts, step K-1's
+        # gradients at its update, and how far that update moved the parameters
+        self._parameter_squares: list | None = None
+        self._gradient_squares: list = []
+        self._update_squares: list = []
         self._before: list = []
         self._inputs: dict[int, object] = {}  # step -> its first forward's input norm (tensor)
         self._depth = 0
@@ -137,21 +157,19 @@ class Recorder:
         return self.locate is not None and self.locate > 0 and self.step == self.locate - 1
 
     def _stepping(self, optimizer) -> None:
-        if self.perturb:
-            self._perturb(optimizer)
+        if self.probe_gradients and self.step == 0 and not self._probe:
+            self._project(optimizer)
+        if self.perturb:  # parameters no model call reached
+            self._perturb(_parameters(optimizer), self.perturb)
         if not self._watched() or not self.micro:
             return
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        grads = [float(p.grad.detach().float().pow(2).sum().cpu()) for p in params
-                 if p.grad is not None]
-        self.gradient_norm = math.sqrt((self.gradient_norm or 0.0) ** 2 + sum(grads))
+        params = _parameters(optimizer)
+        self._gradient_squares += [_squares(p.grad) for p in params if p.grad is not None]
         self._before = [(p, p.detach().clone()) for p in params]
 
     def _stepped(self, optimizer=None) -> None:
         if self._watched() and self._before:
-            moved = sum(float((p.detach() - old).float().pow(2).sum().cpu())
-                        for p, old in self._before)
-            self.update_norm = math.sqrt((self.update_norm or 0.0) ** 2 + moved)
+            self._update_squares += [_squares(p.detach() - old) for p, old in self._before]
             self._before = []
         if not self.micro:
             return  # a second optimizer of the same step (GANs: one step, two losses each)
@@ -160,6 +178,23 @@ class Recorder:
         self.micro = []
         if self.max_steps is not None and self.step >= self.max_steps:
             raise StopVerify
+
+    def settle(self) -> None:
+        """The run is over: on XLA, what it left pending (the last step, stopped before the
+        script's own barrier, and the tensors recorded for the report) runs as one graph, the
+        step's own, not one graph per value read."""
+        if "torch_xla" in sys.modules:
+            import torch_xla
+
+            torch_xla.sync()
+
+    def located(self) -> dict:
+        """--locate: the norms of step `locate` and of the update before it."""
+        return {"calls": [{"module": call["module"], "norm": math.sqrt(float(call["norm"].cpu()))}
+                          for call in self.calls],
+                "parameters_norm": _root(self._parameter_squares or []),
+                "gradient_norm": _root(self._gradient_squares),
+                "update_norm": _root(self._update_squares)}
 
     def inputs(self) -> list[float | None]:
         count = len(self.steps) if self.optimizer_steps else len(self.micro)
@@ -181,6 +216,8 @@ class Recorder:
         # a model called from the script (a data transform that is a Module, torchvision's
         # Normalize in the loader, has no parameters: it is not one)
         if self._depth == 0 and next(module.parameters(), None) is not None:
+            if self.perturb and self.step == 0:  # the model as step 0 first calls it
+                self._perturb(module.parameters(), self.perturb)
             if self.step not in self._inputs:
                 # the batch the step starts from: its norm, read when the run ends (no sync)
                 first = _first_tensor(args)
@@ -191,10 +228,8 @@ class Recorder:
             if id(module) not in self._names:
                 self._names.update({id(m): name or type(module).__name__
                                     for name, m in module.named_modules()})
-            if self.step == self.locate and self.parameters_norm is None:
-                squares = [float(p.detach().float().pow(2).sum().cpu())
-                           for p in module.parameters()]
-                self.parameters_norm = math.sqrt(sum(squares)) if squares else None
+            if self.step == self.locate and self._parameter_squares is None:
+                self._parameter_squares = [_squares(p) for p in module.parameters()]
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
             device = first.device.type if first is not None else "cpu"
             self.devices.add(device)
@@ -210,21 +245,47 @@ class Recorder:
                 break
         self._depth += 1
 
-    def _perturb(self, optimizer) -> None:
-        """Each parameter an optimizer is about to step for the first time, times (1 +
-        perturb x a fixed normal draw): the noise floor run (command.py), drawn from a
-        generator of its own so the run's own random numbers are the same."""
+    def _perturb(self, parameters, size: float) -> None:
+        """Each parameter not perturbed before, times (1 + size x a fixed normal draw), drawn
+        from a generator of its own so the run's own random numbers are the same."""
         import torch
 
         noise = torch.Generator().manual_seed(self.seed + 2)
         with torch.no_grad():
-            for group in optimizer.param_groups:
-                for parameter in group["params"]:
-                    if id(parameter) in self._perturbed or not parameter.is_floating_point():
-                        continue
-                    self._perturbed.add(id(parameter))
-                    draw = torch.randn(parameter.shape, generator=noise).to(parameter.device)
-                    parameter.mul_(1 + self.perturb * draw.to(parameter.dtype))
+            for parameter in parameters:
+                if id(parameter) in self._perturbed or not parameter.is_floating_point():
+                    continue
+                self._perturbed.add(id(parameter))
+                draw = torch.randn(parameter.shape, generator=noise).to(parameter.device)
+                parameter.mul_(1 + size * draw.to(parameter.dtype))
+
+    def _project(self, optimizer) -> None:
+        """The gradients the first optimizer step applies, as PROJECTIONS dot products with
+        random directions per parameter (drawn on the host from a generator of their own: the
+        same directions on both sides), its element count and its squared norm. Kept as
+        tensors and read when the run ends (no host sync inside the step)."""
+        import torch
+
+        directions = torch.Generator().manual_seed(self.seed + 3)
+        with torch.no_grad():
+            for parameter in _parameters(optimizer):
+                grad = parameter.grad
+                if grad is None or grad.is_sparse or not grad.is_floating_point():
+                    continue
+                flat = grad.detach().float().reshape(-1)
+                row = [torch.tensor(float(flat.numel()), device=flat.device),
+                       flat.pow(2).sum()]
+                for _ in range(PROJECTIONS):
+                    draw = torch.randn(flat.shape, generator=directions).to(flat.device)
+                    row.append((flat * draw).sum())
+                self._probe.append(torch.stack(row))
+
+    def gradient_probe(self) -> list[list[float]]:
+        import torch
+
+        if not self._probe:
+            return []
+        return torch.stack(self._probe).cpu().double().tolist()
 
     def _forward(self, module, args, output):
         self._depth -= 1
@@ -232,7 +293,7 @@ class Recorder:
             tensor = _first_tensor(output)
             if tensor is not None and tensor.is_floating_point():
                 self.calls.append({"module": self._names.get(id(module), type(module).__name__),
-                                   "norm": _norm(tensor)})
+                                   "norm": _squares(tensor)})
 
     # -- randomness ------------------------------------------------------------------------
     def _install_randomness(self) -> None:
@@ -353,6 +414,10 @@ class Recorder:
             setattr(torch.Tensor, name, fill(getattr(torch.Tensor, name)))
 
 
+def _parameters(optimizer) -> list:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
 def _keep_doc(wrapper, original):
     wrapper.__doc__ = original.__doc__
     return wrapper
@@ -378,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--locate", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--perturb", type=float, default=0.0)
+    parser.add_argument("--probe-gradients", action="store_true")
     parser.add_argument("--shim", choices=("xla", "cpu", "none"), default="none",
                         help="the runtime layer (tpukit/shim) and where it sends CUDA calls")
     parser.add_argument("script", type=Path)
@@ -391,19 +457,20 @@ def main(argv: list[str] | None = None) -> int:
         tpukit.shim.install(options.script, options.shim)
     _seed(options.seed)
     recorder = Recorder(options.script, options.steps, options.locate, options.seed,
-                        options.perturb)
+                        options.perturb, options.probe_gradients)
     recorder.install()
     outcome = run_target(str(options.script), None, options.args, (StopVerify,))
     result = {"outcome": outcome.kind, "exit_code": outcome.exit_code, "error": outcome.error,
               "backwards": recorder.backwards, "optimizer_steps": recorder.optimizer_steps,
               "loss_line": recorder.loss_line, "device_rng": recorder.device_rng,
               "low_precision": sorted(recorder.low_precision),
-              "devices": sorted(recorder.devices), "calls": recorder.calls,
-              "parameters_norm": recorder.parameters_norm,
-              "gradient_norm": recorder.gradient_norm, "update_norm": recorder.update_norm}
+              "devices": sorted(recorder.devices)}
     try:
+        recorder.settle()
+        result.update(recorder.located())
         result["losses"] = recorder.losses()
         result["inputs"] = recorder.inputs()
+        result["gradient_probe"] = recorder.gradient_probe()
     except Exception as exc:  # a loss that cannot be read back (the device failed)
         result.update(outcome="error", error=f"reading the losses: {type(exc).__name__}: {exc}",
                       losses=[])

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpukit.errors import UsageError
-from tpukit.verify.compare import (compare_losses, default_rtol, describe,
-                                   first_input_difference, locate, perturbation, relative,
-                                   tolerances)
+from tpukit.verify.compare import (SPREAD, amplified_from, calibration, compare_losses,
+                                   default_rtol, describe, explained, first_input_difference,
+                                   gradient_difference, locate, noise_floor, perturbation,
+                                   relative, tolerances)
 
 EXIT = {"match": 0, "diverged": 1, "incomparable": 3}
 RANDOMNESS = ("dropout masks and the random numbers asked for on the device are drawn from "
@@ -138,6 +139,8 @@ def _start(side: str, script: Path, request: VerifyRequest, work: Path,
         command += ["--locate", str(locate_step)]
     if perturb:
         command += ["--perturb", repr(perturb)]
+    if locate_step is None:  # step 0's gradients: the port's, and the floor run's
+        command += ["--probe-gradients"]
     command += [str(script), *request.args]
     if side == "original":
         command += request.original_args
@@ -231,12 +234,19 @@ def verify(request: VerifyRequest) -> dict:
             return summary
         precision = ported.get("low_precision", [])
         rtol = request.rtol if request.rtol is not None else default_rtol(precision)
+        measured = gradient_difference(original.get("gradient_probe", []),
+                                       ported.get("gradient_probe", []))
         floor_run = _finish("original", _start("original", script, request, work, request.steps,
                                                perturb=perturbation(precision)), request.timeout)
         noise = floor_run.get("losses") or None
-        steps_rtol = tolerances(rtol, original["losses"], noise)
+        conditioning = gradient_difference(original.get("gradient_probe", []),
+                                           floor_run.get("gradient_probe", []))
+        scale = calibration(measured, conditioning, rtol)
+        steps_rtol = tolerances(rtol, original["losses"], noise, scale)
+        floor = noise_floor(original["losses"], noise, scale)
         comparison = compare_losses(original["losses"], ported["losses"], steps_rtol,
-                                    ported.get("device_rng", []))
+                                    ported.get("device_rng", []),
+                                    amplified_from(rtol, steps_rtol), floor)
         if not original["losses"] and not ported["losses"]:
             comparison.not_comparable_why = ("no training step ran on either side (no "
                                              "backward() of a scalar)")
@@ -250,8 +260,10 @@ def verify(request: VerifyRequest) -> dict:
             verdict=comparison.verdict, steps_compared=comparison.steps_compared,
             first_divergent_step=comparison.first_divergent_step,
             max_rel_diff=comparison.max_rel_diff, rtol=rtol, step_rtol=steps_rtol,
-            noise_floor=[relative(a, b) for a, b in zip(original["losses"], noise or [])],
+            noise_floor=floor,
             perturbation=perturbation(precision),
+            gradient_difference=measured, gradient_conditioning=conditioning,
+            gradient_explained=explained(measured, conditioning, rtol), calibration=scale,
             rtol_basis="set by --rtol" if request.rtol is not None else (
                 "the port computes in " + "/".join(ported.get("low_precision", []))
                 if ported.get("low_precision") else "both compute in float32"),
@@ -296,12 +308,28 @@ def render_text(summary: dict) -> str:
     for i in range(max(len(original), len(port))):
         a = f"{original[i]:.6g}" if i < len(original) else "-"
         b = f"{port[i]:.6g}" if i < len(port) else "-"
-        d = f"{diffs[i]:.2e}" if i < len(diffs) else "not compared"
+        if i < len(diffs):
+            d = f"{diffs[i]:.2e}"
+        elif i < min(len(original), len(port)):
+            d = f"{relative(original[i], port[i]):.2e} (not compared)"
+        else:
+            d = "not compared"
         mark = "  <- first beyond tolerance" if i == summary["first_divergent_step"] else ""
         tol = summary["step_rtol"][i] if i < len(summary.get("step_rtol", [])) else None
         if tol is not None and tol > summary["rtol"]:
-            mark += f"  (tolerance {tol:.1e}: the noise floor)"
+            mark += f"  (tolerance {tol:.1e}: {SPREAD:g}x the noise floor)"
         lines.append(f"  {i:>4}  {a:>12}  {b:>12}  {d}{mark}")
+    if any(tol > summary["rtol"] for tol in summary.get("step_rtol", [])):
+        lines.append(f"  noise floor: the original re-run with its weights x (1 + "
+                     f"{summary['perturbation']:.0e} x noise) from step 0, its effect x "
+                     f"{summary['calibration']:.2g} (how far the port's kernels moved step 0's "
+                     "gradients against it)")
+    if summary.get("gradient_explained") is False:
+        lines.append(f"  step 0's gradients differ by {summary['gradient_difference']:.1e} (the "
+                     "same weights, the same batch): more than rounding explains (a "
+                     f"{summary['perturbation']:.0e} change of the weights moves them "
+                     f"{summary['gradient_conditioning']:.1e}): scaled, clipped or computed "
+                     "otherwise")
     verdict = summary["verdict"]
     compared = summary["steps_compared"]
     tol = f"rtol {summary['rtol']:g}: {summary['rtol_basis']}"
