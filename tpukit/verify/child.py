@@ -281,11 +281,8 @@ class Recorder:
                 self._probe.append(torch.stack(row))
 
     def gradient_probe(self) -> list[list[float]]:
-        import torch
-
-        if not self._probe:
-            return []
-        return torch.stack(self._probe).cpu().double().tolist()
+        # a row at a time: parameters may live on more than one device
+        return [row.cpu().double().tolist() for row in self._probe]
 
     def _forward(self, module, args, output):
         self._depth -= 1
@@ -470,7 +467,10 @@ def main(argv: list[str] | None = None) -> int:
         result.update(recorder.located())
         result["losses"] = recorder.losses()
         result["inputs"] = recorder.inputs()
-        result["gradient_probe"] = recorder.gradient_probe()
+        try:
+            result["gradient_probe"] = recorder.gradient_probe()
+        except Exception as exc:  # no probe, said: the losses still count
+            result["gradient_probe"], result["probe_error"] = [], f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # a loss that cannot be read back (the device failed)
         result.update(outcome="error", error=f"reading the losses: {type(exc).__name__}: {exc}",
                       losses=[])
