@@ -12,6 +12,7 @@ from rich.progress import Progress
 from tpukit.errors import UsageError
 from tpukit.atomic import remove_stale_temp_files
 from tpukit.config import Config, real_path
+from tpukit.config import display_path
 from tpukit.findings import FileError
 from tpukit.migrate.files import (
     FileResult,
@@ -19,7 +20,6 @@ from tpukit.migrate.files import (
     Mode,
     _excluded,
     discover,
-    display_path,
     run_jobs,
 )
 from tpukit.migrate.local_imports import local_modules

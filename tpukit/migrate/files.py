@@ -21,7 +21,7 @@ from typing import Iterator
 import libcst as cst
 
 from tpukit.atomic import atomic_write
-from tpukit.config import display_path, real_path  # noqa: F401 - display_path: the commands import it here
+from tpukit.config import real_path
 from tpukit.findings import FileError, Finding
 from tpukit.migrate.engine import MigrateOptions, MigrationBug, compiles, migrate_source
 from tpukit.migrate.ownership import Owner

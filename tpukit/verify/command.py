@@ -242,11 +242,11 @@ def verify(request: VerifyRequest) -> dict:
         conditioning = gradient_difference(original.get("gradient_probe", []),
                                            floor_run.get("gradient_probe", []))
         scale = calibration(measured, conditioning, rtol)
-        steps_rtol = tolerances(rtol, original["losses"], noise, scale)
         floor = noise_floor(original["losses"], noise, scale)
+        steps_rtol = tolerances(rtol, floor, len(original["losses"]))
         comparison = compare_losses(original["losses"], ported["losses"], steps_rtol,
                                     ported.get("device_rng", []),
-                                    amplified_from(rtol, steps_rtol), floor)
+                                    amplified_from(rtol, steps_rtol))
         if not original["losses"] and not ported["losses"]:
             comparison.not_comparable_why = ("no training step ran on either side (no "
                                              "backward() of a scalar)")

@@ -108,22 +108,22 @@ def calibration(measured: float | None, conditioning: float | None, rtol: float)
     return min(max(measured / conditioning, low), high)
 
 
-def tolerances(rtol: float, original: list[float], perturbed: list[float] | None,
-               scale: float = 1.0) -> list[float]:
-    """Each step's tolerance: `rtol`, or SPREAD x the noise floor (scaled by `calibration`;
-    its largest up to that step: a perturbation's effect does not shrink because one step's
-    loss happens to agree) where training amplifies more."""
-    floor = noise_floor(original, perturbed, scale)
-    steps, envelope = [], 0.0
-    for i in range(len(original)):
-        envelope = max(envelope, floor[i] if i < len(floor) else 0.0)
-        steps.append(max(rtol, SPREAD * envelope))
-    return steps
-
-
 def noise_floor(original: list[float], perturbed: list[float] | None,
                 scale: float = 1.0) -> list[float]:
+    """Each step's relative change of the original's loss in the floor run, scaled by
+    `calibration` (at most 1)."""
     return [min(1.0, scale * relative(a, b)) for a, b in zip(original, perturbed or [])]
+
+
+def tolerances(rtol: float, floor: list[float], steps: int) -> list[float]:
+    """Each of `steps` steps' tolerance: `rtol`, or SPREAD x the noise floor (`noise_floor`;
+    its largest up to that step: a perturbation's effect does not shrink because one step's
+    loss happens to agree) where training amplifies more."""
+    tolerance, envelope = [], 0.0
+    for i in range(steps):
+        envelope = max(envelope, floor[i] if i < len(floor) else 0.0)
+        tolerance.append(max(rtol, SPREAD * envelope))
+    return tolerance
 
 
 def amplified_from(rtol: float, steps_rtol: list[float]) -> int | None:
@@ -145,13 +145,11 @@ class Comparison:
 
 
 def compare_losses(original: list[float], port: list[float], rtol: float | list[float],
-                   device_rng: list[dict], amplified: int | None = None,
-                   floor: list[float] | None = None) -> Comparison:
+                   device_rng: list[dict], amplified: int | None = None) -> Comparison:
     """Step by step up to the shorter run, up to the first step whose randomness the port
     draws on its device (dropout inside attention: the two runs cannot agree there), and up
-    to the step `amplified` from which rounding alone moves the loss too far (`floor`: the
-    noise floor per step, for the reason said). `rtol`: one tolerance, or one per step
-    (`tolerances`)."""
+    to the step `amplified` (`amplified_from`) from which rounding alone moves the loss too
+    far. `rtol`: one tolerance, or one per step (`tolerances`)."""
     steps_rtol = rtol if isinstance(rtol, list) else [rtol] * len(original)
     count = min(len(original), len(port))
     limit, why = count, None
@@ -164,7 +162,7 @@ def compare_losses(original: list[float], port: list[float], rtol: float | list[
                    f"({what}), which the original draws on the CPU")
     if amplified is not None and amplified < limit:
         limit = amplified
-        moved = max((floor or [0.0])[: amplified + 1])
+        moved = steps_rtol[amplified] / SPREAD  # the floor's envelope there (> rtol)
         why = (f"from step {amplified} this training amplifies rounding-sized differences "
                f"beyond comparison: the original itself, re-run with rounding-sized "
                f"perturbations (its noise floor), moves the loss by {moved:.1e} by then")
