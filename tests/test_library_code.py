@@ -242,14 +242,22 @@ def test_a_batch_sampler_is_not_a_dataloader():
 
 
 # -- fused optimizers configured through a dict --------------------------------------------
-@pytest.mark.parametrize("line,expected", [
-    ('optimizer_kwargs.update({"fused": True})', 'optimizer_kwargs.update({"fused": False})'),
-    ('optimizer_kwargs["fused"] = True', 'optimizer_kwargs["fused"] = False'),
+# A dict holds an optimizer's arguments by what it holds (an optimizer keyword) or where it
+# goes (`**` into an optimizer), never by what its variable is called.
+@pytest.mark.parametrize("lines,expected", [
+    ('kw = {"lr": lr}\nkw.update({"fused": True})', 'kw.update({"fused": False})'),
+    ('kw = {}\nkw["fused"] = True\nopt = torch.optim.AdamW(params, **kw)',
+     'kw["fused"] = False\nopt = torch.optim.AdamW(params, **kw)'),
+    ('cls = torch.optim.AdamW\nkw = dict()\nkw.update({"fused": True})\nopt = cls(params, **kw)',
+     'kw.update({"fused": False})\nopt = cls(params, **kw)'),
     ('adam_kwargs = {"lr": lr, "fused": True}', 'adam_kwargs = {"lr": lr, "fused": False}'),
     ('layer_cfg = {"fused": True}', 'layer_cfg = {"fused": True}'),  # not an optimizer's
+    # a name that says "optimizer" holds nothing known: left
+    ('optimizer_kwargs.update({"fused": True})', 'optimizer_kwargs.update({"fused": True})'),
+    ('optimizer_kwargs["fused"] = True', 'optimizer_kwargs["fused"] = True'),
 ])
-def test_fused_optimizer_arguments_in_a_dict_are_turned_off(line, expected):
-    new = fixed_point(f"import torch\nx = torch.zeros(1).cuda()\n{line}\n")
+def test_fused_optimizer_arguments_in_a_dict_are_turned_off(lines, expected):
+    new = fixed_point(f"import torch\nx = torch.zeros(1).cuda()\n{lines}\n")
     assert new.endswith(f"{expected}\n")
 
 
@@ -462,10 +470,19 @@ def test_a_dataloader_worker_init_does_not_seed_the_xla_device():
     assert "torch_xla.manual_seed" not in new
 
 
-def test_a_guard_of_gpu_only_strings_is_kept():
-    new = fixed_point('import torch\nreq = "onnxruntime" + ("-gpu" if torch.cuda.is_available() else "")\n'
+def test_a_guard_that_picks_a_cuda_only_package_is_kept():
+    """ultralytics' exporter: the guard picks a distribution only a CUDA machine installs
+    (rules/catalog/cuda.toml's cuda_only_packages, by its exact name)."""
+    new = fixed_point('import torch\nreq = "onnxruntime-gpu" if torch.cuda.is_available() else "onnxruntime"\n'
                       "x = torch.zeros(1).cuda()\n")
-    assert '("-gpu" if torch.cuda.is_available() else "")' in new
+    assert '"onnxruntime-gpu" if torch.cuda.is_available() else "onnxruntime"' in new
+
+
+def test_what_a_chosen_message_says_decides_nothing():
+    """A label the guard picks ("GPU"): a string's words are no CUDA; the guard is ported."""
+    new = fixed_point('import torch\nwhere = "GPU" if torch.cuda.is_available() else "CPU"\n'
+                      "x = torch.zeros(1).cuda()\n")
+    assert "torch.cuda.is_available()" not in new
 
 
 @pytest.mark.parametrize("source", [
@@ -802,10 +819,13 @@ def test_a_loop_that_rebinds_its_own_target_feeds_nothing_forward():
     assert "torch_xla.sync()" in sampler
 
 
-def test_a_try_block_around_a_cuda_extension_is_findings_only():
-    """fairscale's FusedAdam lives in `try: from fairscale import fused_adam_cuda`: it exists
-    only where CUDA does, and its `.is_cuda` asserts feed CUDA kernels."""
-    source = """
+def _try_extension(tmp_path, setup: str):
+    """fairscale's FusedAdam lives in `try: from fairscale import fused_adam_cuda`; whether
+    that module is a CUDA extension is what the package's build script says."""
+    (tmp_path / "setup.py").write_text(setup)
+    (tmp_path / "fairscale").mkdir()
+    path = tmp_path / "fairscale" / "adam.py"
+    source = textwrap.dedent("""
     import torch
     try:
         from fairscale import fused_adam_cuda
@@ -816,13 +836,35 @@ def test_a_try_block_around_a_cuda_extension_is_findings_only():
     except ImportError:
         pass
     x = torch.zeros(2).cuda()
-    """
-    result = migrate(source)
+    """).lstrip("\n")
+    return migrate_source(source, str(path), ALL)
+
+
+def test_a_try_block_around_a_cuda_extension_is_findings_only(tmp_path):
+    """The build script builds `fairscale.fused_adam_cuda` with torch's CUDAExtension: it
+    exists only where CUDA does, and its `.is_cuda` asserts feed CUDA kernels."""
+    result = _try_extension(tmp_path, textwrap.dedent("""
+    from setuptools import setup
+    from torch.utils.cpp_extension import BuildExtension, CUDAExtension as Ext
+    setup(name="fairscale", ext_modules=[Ext(name="fairscale.fused_adam_cuda", sources=["a.cu"])],
+          cmdclass={"build_ext": BuildExtension})
+    """))
     assert "assert p.is_cuda\n" in result.new_source and "torch.cuda.IntTensor([0])" in result.new_source
     assert "x = torch.zeros(2).to(" in result.new_source  # outside the try: ported
     left = [f for f in result.findings if not f.applied]
     assert {f.code for f in left} == {"TPU103", "TPU121"}
-    assert all("imports fused_adam_cuda, which needs CUDA" in f.message for f in left)
+    assert all("imports fairscale.fused_adam_cuda, which needs CUDA" in f.message for f in left)
+
+
+def test_a_try_block_around_a_module_the_build_script_does_not_build_with_cuda_is_ported(tmp_path):
+    """The same module built as a C++ extension (no CUDA): a name that says cuda is no CUDA."""
+    result = _try_extension(tmp_path, textwrap.dedent("""
+    from setuptools import setup
+    from torch.utils.cpp_extension import CppExtension
+    setup(name="fairscale", ext_modules=[CppExtension("fairscale.fused_adam_cuda", ["a.cpp"])])
+    """))
+    assert "assert p.is_cuda\n" not in result.new_source
+    assert "torch.cuda.IntTensor([0])" not in result.new_source
 
 
 # -- the third sample's harmful classes ----------------------------------------------------

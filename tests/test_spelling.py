@@ -83,3 +83,98 @@ def test_the_renaming_renames_what_the_program_binds_and_nothing_else():
     compile(renamed, "renamed.py", "exec")
     commented = mm.commented(source)
     assert commented.count(mm.MARK) > 5 and mm.strip(commented) == source
+
+
+# The decisions that read spelling before (issue 31's list), each on a program that exercises
+# it: a flag that says fp16 over a GradScaler, a scaler named in a docstring, a dict of
+# optimizer arguments, a tie written with another first parameter, a typed-tensor alias, a
+# launcher, an imported name that says cuda.
+DECISIONS = {
+    "scaler_under_a_flag": """
+import torch
+def train(fp16, model, opt, loss_fn, data):
+    if fp16:
+        scaler = torch.cuda.amp.GradScaler()
+    for x in data:
+        with torch.cuda.amp.autocast():
+            loss = loss_fn(model(x.cuda()))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+""",
+    "scaler_named_in_a_docstring": '''
+import torch
+def train(model, opt, data):
+    """Steps with scaler and prints scaler each time."""
+    scaler = torch.cuda.amp.GradScaler()
+    for x in data:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(x.cuda()).sum()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+''',
+    "optimizer_arguments": """
+import torch
+def make(params, lr, fused):
+    x = torch.zeros(1).cuda()
+    optimizer_kwargs = {"lr": lr}
+    if fused:
+        optimizer_kwargs.update({"fused": True})
+    settings = {}
+    settings["fused"] = True
+    return torch.optim.AdamW(params, **optimizer_kwargs), settings
+""",
+    "tied_weights": """
+import torch
+class Net(torch.nn.Module):
+    def __init__(this, n):
+        super().__init__()
+        this.emb = torch.nn.Embedding(n, 8)
+        this.head = torch.nn.Linear(8, n)
+        this.head.weight = this.emb.weight
+model = Net(10)
+model = model.cuda()
+""",
+    "typed_alias": """
+import torch
+from torch.cuda import FloatTensor
+Tensor = FloatTensor
+def noise(n):
+    return Tensor(n).normal_()
+""",
+    "launcher": """
+import torch
+import torch.multiprocessing as mp
+import torch.distributed as dist
+def worker(index, n):
+    dist.init_process_group("nccl", rank=index, world_size=n)
+    sampler = torch.utils.data.DistributedSampler(ds, n, index)
+    x = torch.zeros(1).cuda(index)
+def spawn(n):
+    mp.spawn(worker, args=(n,), nprocs=n)
+if __name__ == "__main__":
+    spawn(torch.cuda.device_count())
+""",
+    "imported_name": """
+import torch
+from helpers import cuda_kernels
+use = torch.cuda.is_available()
+x = torch.zeros(1).cuda()
+if use:
+    y = cuda_kernels(x)
+""",
+}
+
+
+@pytest.mark.parametrize("style", ["neutral", "cuda", "comments"])
+@pytest.mark.parametrize("name", sorted(DECISIONS))
+def test_a_decision_that_read_spelling_reads_meaning(name, style):
+    assert_spelling_changes_nothing(DECISIONS[name].lstrip("\n"), "xla", style)
+
+
+def test_the_decisions_change_the_code():
+    """Each program above is rewritten (the test would prove nothing if none were)."""
+    for name, source in DECISIONS.items():
+        migrated = migrate_source(source.lstrip("\n"), "program.py", OPTIONS["xla"])
+        assert migrated.new_source != source.lstrip("\n"), name

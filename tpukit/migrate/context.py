@@ -38,8 +38,10 @@ from tpukit.migrate import policy
 from tpukit.migrate.analysis.cuda_code import builds_a_package, cuda_only_module
 from tpukit.migrate.sink import IMPORTS, EditSink, Report  # noqa: F401
 
-# What says code works with a device: its tensors may be XLA's.
-LAUNCH_CALL = re.compile(r"\b(?:mp|multiprocessing|torch_xla)\.(?:spawn|launch)\(|\bspawn\(")
+# Every launcher's name (catalog.SPAWNS) is written where the file imports or calls it: a
+# file without one of these words calls none (a sound prefilter; what decides is the name a
+# call resolves to).
+_LAUNCHER_NAMES = re.compile(r"spawn|launch|start_processes")
 
 
 class MigrationContext:
@@ -156,20 +158,30 @@ class MigrationContext:
         scope = self.functions[-1]
         return not self.memo(("device_work", id(scope)), lambda: _device_work(self, scope))
 
+    def launch_calls(self) -> set[int]:
+        """id() of the file's calls that start processes (`mp.spawn`, `xmp.spawn`,
+        `torch_xla.launch`: catalog.SPAWNS), by what the called name resolves to."""
+        def compute() -> set[int]:
+            if not _LAUNCHER_NAMES.search(self.source):
+                return set()  # no launcher's name is written: none is called (the usual case)
+            return {id(call) for call, _ in self.values.calls
+                    if self.values.qualified(call.func) in K.SPAWNS}
+
+        return self.memo("launch_calls", compute)
+
     def in_launcher(self) -> bool:
         """Is the current code in the scope (function, or the module's top level) that calls
         `mp.spawn`/`torch_xla.launch`? There the XLA runtime must not be touched yet."""
         scope = self.functions[-1] if self.functions else None
 
         def compute() -> bool:
-            if not LAUNCH_CALL.search(self.source):
-                return False  # no launcher in this file (the usual case): no code generation
+            calls = self.launch_calls()
+            if not calls:
+                return False
             if scope is not None:
-                code = self.code(scope)
-            else:
-                code = "\n".join(self.code(s) for s in self.module.body
-                                 if not isinstance(s, (cst.FunctionDef, cst.ClassDef)))
-            return bool(LAUNCH_CALL.search(code))
+                return any(id(n) in calls for n in walk(scope))
+            return any(id(n) in calls for s in self.module.body
+                       if not isinstance(s, (cst.FunctionDef, cst.ClassDef)) for n in walk(s))
 
         return self.memo(("launcher", id(scope)), compute)
 

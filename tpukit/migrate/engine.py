@@ -406,7 +406,7 @@ class Rewriter(cst.CSTTransformer):
         elif isinstance(node, (cst.FunctionDef, cst.Lambda)):
             ctx.functions.append(node)
         why = (cuda_only_function(node, ctx) if isinstance(node, cst.FunctionDef)
-               else cuda_only_try(node) if isinstance(node, cst.Try)
+               else cuda_only_try(node, ctx.path) if isinstance(node, cst.Try)
                else library_cuda_choice(ctx, node)
                if isinstance(node, (cst.If, cst.IfExp, cst.Assert)) else None)
         if why:

@@ -20,6 +20,7 @@ from tpukit.findings import FixKind
 from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string, string_value
 from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.analysis.catalog import cuda_catalog, under
+from tpukit.migrate.analysis.cuda_code import cuda_extensions
 from tpukit.migrate.nodes import first, walk
 from tpukit.rules import engine_say, load_rules
 
@@ -352,8 +353,6 @@ def _put_back(ctx: MigrationContext, key: int, left: str, where: str = "",
 # What no rule ports (streams, events, graphs, RNG state, NVTX): a flag whose `if` leads to
 # one of these is a CUDA-only guard.
 # (rules/catalog/cuda.toml's cuda_only_torch)
-# A compiler no rule ports: `nvcc_args`, `self.nvcc_flags()`.
-_NVCC = re.compile(r"nvcc", re.I)
 
 
 @functools.cache
@@ -399,7 +398,7 @@ class _FlagReaders(cst.CSTVisitor):
                 if branch is None or self.found is not None:
                     continue
                 if isinstance(node, cst.IfExp) and isinstance(branch, cst.SimpleString) \
-                        and _SAYS_GPU.search(branch.value) and not is_cuda_device_string(branch):
+                        and _cuda_package(string_value(branch)):
                     # `"onnxruntime-gpu" if cuda else "onnxruntime"`: the flag picks a GPU build
                     self.found = branch.value
                 else:
@@ -428,7 +427,7 @@ class _UnportedCuda(cst.CSTVisitor):
         if not name.startswith("torch."):
             return False
         keyword = next((a.keyword.value for a in call.args if a.keyword is not None
-                        and "cuda" in a.keyword.value.lower()), None)
+                        and cuda_catalog().cuda_keyword(name, a.keyword.value)), None)
         if keyword is not None:
             self.found = f"{keyword}="
         return keyword is not None
@@ -447,8 +446,8 @@ class _UnportedCuda(cst.CSTVisitor):
         if isinstance(node, (cst.Import, cst.ImportFrom)):
             # torch's own CUDA APIs (`CUDAExtension`) and CUDA-only libraries; a module of the
             # program is not CUDA's for what it is called
-            hit = next((n for n in _imported(node) if (
-                n.startswith("torch.") and "cuda" in n.lower()) or _cuda_only(n)), None)
+            hit = next((n for n in _imported(node, full=True) if
+                        cuda_catalog().cuda_torch_name(n) or _cuda_only(n)), None)
             if hit is not None:
                 self.found = f"import {hit}"  # `from torch.utils.cpp_extension import CUDAExtension`
             return False
@@ -458,8 +457,7 @@ class _UnportedCuda(cst.CSTVisitor):
                 if unported_cuda_call(self.ctx.target, name):
                     self.found = cuda_catalog().cuda_only_torch_api(name)
                 return False  # anything else under torch.cuda has a rule
-            if name is not None and not name.startswith("torch.backends") and (
-                    _cuda_only(name) or "cuda" in name.lower()):
+            if name is not None and (_cuda_only(name) or cuda_catalog().cuda_torch_name(name)):
                 self.found = self.ctx.short(node)  # an imported CUDA name: CUDAExtension
                 return False
             # A local's own name (`cuda_kwargs`, `use_cuda`) says nothing about what it holds.
@@ -557,14 +555,14 @@ class _ResidualCuda(cst.CSTVisitor):
         elif isinstance(node, cst.SimpleString) and id(node) not in self.compared and (
                 is_cuda_device_string(node) or _CUDA_WORD.match(string_value(node) or "")
                 or _cuda_library(string_value(node) or "")
-                or (self.strings and _SAYS_GPU.search(node.value))):
-            # "-gpu" packages, "Launching training on one GPU.", and a CUDA-only package by
-            # name (transformers' `_is_package_available("mamba_ssm")` under a CUDA test)
+                or (self.strings and _cuda_package(string_value(node)))):
+            # a CUDA-only distribution ("onnxruntime-gpu") or package by its exact name
+            # (transformers' `_is_package_available("mamba_ssm")` under a CUDA test); what a
+            # message says ("Launching training on one GPU.") decides nothing
             self.found = node.value
         return True
 
 
-_SAYS_GPU = re.compile(r"gpu|cuda", re.I)
 _HALF = frozenset({"torch.float16", "torch.half"})
 _INDEX = re.compile(r"[0-9]+(?:,[0-9]+)*\Z")  # "0", "0,1": CUDA device indices
 
@@ -641,28 +639,39 @@ def _importing(node: cst.FunctionDef) -> str | None:
     return None
 
 
-def cuda_only_try(node: cst.Try) -> str | None:
-    """Why a `try:` block is CUDA-only code: it starts by importing a CUDA extension or a
-    CUDA-only library (fairscale's `try: from fairscale import fused_adam_cuda` around its
-    FusedAdam, which an ImportError hides where there is no CUDA), or None."""
+def cuda_only_try(node: cst.Try, path: str = "") -> str | None:
+    """Why a `try:` block is CUDA-only code: it starts by importing a CUDA extension (one the
+    package's build script builds with torch's CUDAExtension: fairscale's `try: from
+    fairscale import fused_adam_cuda` around its FusedAdam, which an ImportError hides where
+    there is no CUDA), a CUDA-only library or torch's CUDA API, or None."""
+    extensions = cuda_extensions(path)
     opening = node.body.body[0] if isinstance(node.body, cst.IndentedBlock) and node.body.body \
         else None
     imports = opening.body if isinstance(opening, cst.SimpleStatementLine) else ()
     for small in imports:
         if not isinstance(small, (cst.Import, cst.ImportFrom)):
             continue
-        for name in _imported(small):
-            if "cuda" in name.lower() or _cuda_library(name):
+        for name in _imported(small, full=True):
+            if name in extensions or _cuda_library(name) or cuda_catalog().cuda_torch_name(name):
                 return engine_say("migrate", "why_try_imports_cuda", name=name)
     return None
 
 
-def _imported(node: cst.Import | cst.ImportFrom) -> list[str]:
-    """What an import names: its module (from-imports) and each name it binds (not `*`)."""
-    names = [dotted(node.module) or ""] if isinstance(node, cst.ImportFrom) else []
+def _imported(node: cst.Import | cst.ImportFrom, full: bool = False) -> list[str]:
+    """What an import names: its module (from-imports) and each name it binds (not `*`);
+    with `full`, a from-import's names under their module (`torch.utils.cpp_extension.
+    CUDAExtension`)."""
+    module = dotted(node.module) or "" if isinstance(node, cst.ImportFrom) else ""
+    names = [module] if isinstance(node, cst.ImportFrom) else []
     if not isinstance(node.names, cst.ImportStar):
-        names += [dotted(a.name) or "" for a in node.names]
+        prefix = f"{module}." if full and module else ""
+        names += [prefix + (dotted(a.name) or "") for a in node.names]
     return names
+
+
+def _cuda_package(value: str | None) -> bool:
+    """A string that is the exact name of a CUDA-only distribution (rules/catalog/cuda.toml)."""
+    return value is not None and value in cuda_catalog().cuda_only_packages
 
 
 def _cuda_library(name: str) -> bool:

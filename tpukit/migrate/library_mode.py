@@ -29,7 +29,7 @@ import difflib
 
 import libcst as cst
 
-from tpukit.migrate.nodes import is_docstring, walk
+from tpukit.migrate.nodes import import_bindings, is_docstring, walk
 
 _EMPTY = cst.Module(body=[])
 # The inserted test of each target: the helper's name and the module whose import it asks for.
@@ -184,8 +184,11 @@ class Confinement:
         default becomes the port's: `if _tpukit_on_xla(): if device == "cuda": device = "xla"`.
         Only for a default that is a string (a device's name): (statements, defaults)."""
         statements, defaults = [], []
-        done = "".join(_code(stmt) for stmt in _statements(old.body)[:3]
-                       if isinstance(stmt, cst.If) and confined(stmt, self.target))
+        # an earlier run's rebinding: `if _tpukit_on_xla(): if name == ...: name = ...`
+        done = {inner.test.left.value for stmt in _statements(old.body)[:3]
+                if isinstance(stmt, cst.If) and confined(stmt, self.target)
+                for inner in _statements(stmt.body) if isinstance(inner, cst.If)
+                and isinstance(inner.test, cst.Comparison) and isinstance(inner.test.left, cst.Name)}
         olds = [*old.params.params, *old.params.kwonly_params, *old.params.posonly_params]
         news = [*new.params.params, *new.params.kwonly_params, *new.params.posonly_params]
         for was, now in zip(olds, news):
@@ -193,7 +196,7 @@ class Confinement:
                     or not isinstance(was.default, cst.SimpleString):
                 continue
             name = was.name.value
-            if f"if {name} == " in done:
+            if name in done:
                 continue  # rebound by an earlier run (the header is still as written)
             rebind = cst.If(test=cst.Comparison(
                 left=cst.Name(name), comparisons=[cst.ComparisonTarget(
@@ -329,17 +332,7 @@ def names_used(node: cst.CSTNode) -> set[str]:
 
 def top_level_imports(module: cst.Module) -> set[str]:
     """The names the module's top-level imports bind."""
-    bound = set()
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if isinstance(small, cst.Import):
-                for alias in small.names:
-                    bound.add(alias.evaluated_alias or alias.evaluated_name.split(".")[0])
-            elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
-                bound.update(a.evaluated_alias or a.evaluated_name for a in small.names)
-    return bound
+    return set(import_bindings(module))
 
 
 def _device_strings(node: cst.CSTNode) -> set[str]:

@@ -154,3 +154,28 @@ def is_docstring(stmt: cst.CSTNode) -> bool:
     return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
             and isinstance(stmt.body[0], cst.Expr)
             and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
+
+
+def import_bindings(module: cst.Module) -> dict[str, str]:
+    """What the module's top-level imports bind: {bound name: qualified name} (`import
+    numpy as np` -> np: numpy; `import a.b` -> a: a; `from setuptools import setup` -> setup:
+    setuptools.setup; a relative import's module keeps its dots: `from . import x` -> x: .x)."""
+    names = {}
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                module_name = "." * len(small.relative) + (dotted(small.module) or "")
+                for alias in small.names:
+                    name = dotted(alias.name) or ""
+                    full = f"{module_name}.{name}" if module_name.rstrip(".") else module_name + name
+                    names[alias.asname.name.value if alias.asname else name] = full
+            elif isinstance(small, cst.Import):
+                for alias in small.names:
+                    if alias.asname is not None:
+                        names[alias.asname.name.value] = dotted(alias.name) or ""
+                    else:  # `import a.b` binds `a`
+                        root = (dotted(alias.name) or "").split(".")[0]
+                        names[root] = root
+    return names

@@ -220,6 +220,9 @@ class CudaCatalog:
     other_gpu_namespaces: tuple[str, ...]
     other_device_types: frozenset[str]
     other_vendor_libraries: tuple[str, ...]
+    cuda_torch_names: tuple[str, ...] = ()
+    cuda_only_packages: frozenset[str] = frozenset()
+    cuda_torch_keywords: dict = None  # qualified function -> its CUDA keywords
 
     def cuda_only_library(self, module: str) -> bool:
         """Is `module` (an imported module's dotted name) one only a CUDA machine has?"""
@@ -228,6 +231,15 @@ class CudaCatalog:
     def cuda_only_torch_api(self, name: str | None) -> str | None:
         """The catalogued torch.cuda API `name` (qualified) is, or is under, else None."""
         return next((api for api in self.cuda_only_torch if name and under(name, (api,))), None)
+
+    def cuda_torch_name(self, name: str | None) -> bool:
+        """Is `name` (qualified) one of torch's CUDA APIs: under torch.cuda, or a CUDA name
+        of torch elsewhere (`torch.utils.cpp_extension.CUDAExtension`, `torch.version.cuda`)?"""
+        return bool(name) and (under(name, ("torch.cuda",) + self.cuda_torch_names))
+
+    def cuda_keyword(self, function: str | None, keyword: str) -> bool:
+        """Is `keyword` one of torch function `function`'s CUDA keywords (`with_cuda=`)?"""
+        return keyword in (self.cuda_torch_keywords or {}).get(function or "", ())
 
     def other_gpu(self, name: str | None) -> bool:
         return bool(name) and under(name, self.other_gpu_namespaces)
@@ -261,4 +273,7 @@ def _cuda_catalog(folder) -> CudaCatalog:
         cuda_only_torch=tuple(data["cuda_only_torch"]),
         other_gpu_namespaces=tuple(data["other_gpu_namespaces"]),
         other_device_types=frozenset(data["other_device_types"]),
-        other_vendor_libraries=tuple(data["other_vendor_libraries"]))
+        other_vendor_libraries=tuple(data["other_vendor_libraries"]),
+        cuda_torch_names=tuple(data["cuda_torch_names"]),
+        cuda_only_packages=frozenset(data["cuda_only_packages"]),
+        cuda_torch_keywords={k: tuple(v) for k, v in data["cuda_torch_keywords"].items()})

@@ -8,10 +8,13 @@ ported whole, its imports of CUDA-only libraries flagged by their rules (TPU9xx)
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import libcst as cst
 
 from tpukit.migrate.analysis.catalog import cuda_catalog
-from tpukit.migrate.nodes import dotted, walk
+from tpukit.migrate.nodes import dotted, import_bindings, string_value, walk
 from tpukit.rules import engine_say
 
 
@@ -83,28 +86,54 @@ def cuda_only_module(module: cst.Module, name: str) -> str | None:
 _BUILDS = {"setuptools.setup", "distutils.core.setup"}
 
 
-def builds_a_package(module: cst.Module) -> bool:
-    """Does the module call setuptools' (or distutils') `setup()` (a build script), by the
-    name its imports give that function?"""
-    names = {}
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if isinstance(small, cst.ImportFrom) and not small.relative and small.module \
-                    and not isinstance(small.names, cst.ImportStar):
-                for alias in small.names:
-                    full = f"{dotted(small.module)}.{dotted(alias.name)}"
-                    names[alias.asname.name.value if alias.asname else dotted(alias.name)] = full
-            elif isinstance(small, cst.Import):
-                for alias in small.names:
-                    bound = alias.asname.name.value if alias.asname else dotted(alias.name)
-                    names[bound] = dotted(alias.name)
+def _calls(module: cst.Module, wanted: set[str]):
+    """The module's calls of the qualified names `wanted`, by the names its imports give."""
+    names = import_bindings(module)
     for node in walk(module):
         if isinstance(node, cst.Call):
             path = dotted(node.func) or ""
             head, _, rest = path.partition(".")
-            full = names.get(head, head) + (f".{rest}" if rest else "")
-            if full in _BUILDS:
-                return True
-    return False
+            if head in names and names[head] + (f".{rest}" if rest else "") in wanted:
+                yield node
+
+
+def builds_a_package(module: cst.Module) -> bool:
+    """Does the module call setuptools' (or distutils') `setup()` (a build script), by the
+    name its imports give that function?"""
+    return next(_calls(module, _BUILDS), None) is not None
+
+
+_CUDA_EXTENSION = {"torch.utils.cpp_extension.CUDAExtension"}
+
+
+def cuda_extensions(path: str) -> frozenset[str]:
+    """The modules the build script of the project `path` is in builds with torch's
+    CUDAExtension (`CUDAExtension("fairscale.fused_adam_cuda", ...)`): they exist only where
+    CUDA does. The build script is the nearest setup.py in the folders above `path`."""
+    return _folder_extensions(str(Path(path).resolve().parent)) if path else frozenset()
+
+
+@functools.lru_cache(maxsize=256)
+def _folder_extensions(folder: str) -> frozenset[str]:
+    here = Path(folder)
+    for above in (here, *here.parents):
+        script = above / "setup.py"
+        if script.is_file():
+            return _built_extensions(str(script))
+    return frozenset()
+
+
+@functools.lru_cache(maxsize=64)
+def _built_extensions(script: str) -> frozenset[str]:
+    try:
+        module = cst.parse_module(Path(script).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
+        return frozenset()
+    built = set()
+    for call in _calls(module, _CUDA_EXTENSION):
+        given = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "name"),
+                     None)
+        name = string_value(given) if given is not None else None
+        if name:
+            built.add(name)
+    return frozenset(built)

@@ -18,11 +18,11 @@ from tpukit.migrate.context import (
     find_keyword,
     keyword_arg,
     string_value,
-    terminal_name,
     with_commas,
 )
 from tpukit.migrate.analysis import catalog as K
-from tpukit.migrate.nodes import first
+from tpukit.migrate.analysis.values import Assigned
+from tpukit.migrate.nodes import first, walk
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
 
 CUDA_AUTOCAST = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
@@ -36,10 +36,9 @@ GRAD_SCALERS = {
 FP16 = {"torch.float16", "torch.half"}
 SCALER_METHODS = ("scale", "step", "update", "unscale_", "state_dict", "load_state_dict",
                   "get_scale", "is_enabled")
-_COMMENT = re.compile(r"#[^\n]*")
 _CLASS = re.compile(r"^class\s+(\w+)", re.M)
-_TIE = re.compile(r"self\.[\w.]+\.weight\s*=\s*self\.[\w.]+\.weight")
-_SCALER_ASSIGN = re.compile(r"(\w+)\s*(?::[^=\n]+)?=\s*[\w.]*GradScaler\s*\(")
+# A file that ties weights has this text (a sound prefilter; class_ties decides, on the tree).
+_TIE = re.compile(r"\w\.[\w.]*weight\s*=\s*\(?\s*\w+\.[\w.]*weight")
 
 
 @transform("TPU201")
@@ -162,27 +161,93 @@ class HalfPrecision(Transform):
         return None
 
 
-_FP16 = re.compile(r"float16|\bfp16\b|\bhalf\b", re.I)
-_IF_LINE = re.compile(r"^([ \t]*)(?:el)?if\b(.*)$")
+def _scaler_variables(ctx) -> tuple[set, set]:
+    """The variables (values.symbol) a GradScaler is assigned to, and those of them assigned
+    under an `if` whose test reads torch.float16 (an fp16 chosen elsewhere)."""
+    finder = _ScalerAssignments(ctx)
+    ctx.module.visit(finder)
+    return finder.symbols, finder.fp16_only
 
 
-def _under_fp16_test(source: str, offset: int) -> bool:
-    """Is the line at `offset` inside an `if` (or `elif`) whose test names fp16?"""
-    lines = source[:offset].split("\n")
-    indent = len(lines[-1]) - len(lines[-1].lstrip())
-    for line in reversed(lines[:-1]):
-        if not line.strip():
-            continue
-        depth = len(line) - len(line.lstrip())
-        if depth >= indent:
-            continue
-        indent = depth
-        match = _IF_LINE.match(line)
-        if match and _FP16.search(match.group(2)):
-            return True
-        if depth == 0:
+class _ScalerAssignments(cst.CSTVisitor):
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.tests: list[cst.BaseExpression] = []  # the tests of the enclosing ifs
+        self.symbols: set = set()
+        self.fp16_only: set = set()
+
+    def visit_If(self, node: cst.If) -> None:
+        self.tests.append(node.test)
+
+    def leave_If(self, node: cst.If) -> None:
+        self.tests.pop()
+
+    def _assigned(self, value, targets) -> None:
+        values = self.ctx.values
+        if not (isinstance(value, cst.Call) and values.qualified(value.func) in GRAD_SCALERS):
+            return
+        under_fp16 = any(first(test, lambda n: isinstance(n, (cst.Name, cst.Attribute))
+                               and values.qualified(n) in FP16) for test in self.tests)
+        for target in targets:
+            symbol = self.ctx.values.symbol(target)
+            if symbol is not None:
+                self.symbols.add(symbol)
+                if under_fp16:
+                    self.fp16_only.add(symbol)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        self._assigned(node.value, [t.target for t in node.targets])
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._assigned(node.value, [node.target])
+
+
+class _SymbolUses(cst.CSTVisitor):
+    """Counts the reads of one variable other than `v.<scaler method>(...)` and the
+    assignments that bind it (a docstring or comment that names it is no read)."""
+
+    def __init__(self, values, symbol) -> None:
+        self.values = values
+        self.symbol = symbol
+        self.other = 0
+
+    def _is_it(self, expr) -> bool:
+        return self.values.symbol(expr) == self.symbol
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if self._is_it(node):  # `self.scaler`
+            self.other += 1
             return False
-    return False
+        if node.attr.value in SCALER_METHODS and self._is_it(node.value):
+            return False  # `scaler.step(...)`: a method of the scaler
+        node.value.visit(self)  # the attribute's own name is no variable
+        return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if self._is_it(node):
+            self.other += 1
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
+        return not (isinstance(node.target, (cst.Name, cst.Attribute)) and self._is_it(node.target))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
+        if isinstance(node.target, (cst.Name, cst.Attribute)) and self._is_it(node.target):
+            if node.value is not None:
+                node.value.visit(self)
+            return False
+        return True
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)  # a keyword's name is no variable
+        return False
+
+    def visit_Param(self, node: cst.Param) -> bool:
+        if node.default is not None:
+            node.default.visit(self)
+        return False
+
+    def visit_ImportAlias(self, node) -> bool:
+        return False
 
 
 def _enters_autocast(ctx) -> bool:
@@ -200,13 +265,13 @@ class GradScaler(Transform):
 
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
-        self.names = set(_SCALER_ASSIGN.findall(ctx.source))
+        # The variables a GradScaler is assigned to (by dataflow: a name's scope, a `self`
+        # attribute's class), and those assigned under a test that reads torch.float16.
+        self.symbols, self.fp16_only = _scaler_variables(ctx)
         # The scaler goes with an fp16 autocast that TPU201 makes bf16. One made only for an
         # fp16 chosen elsewhere (deepspeed's ZeRO: `if get_autocast_dtype() == torch.float16:
         # self.scaler = GradScaler(...)`, in a file that enters no autocast) serves an fp16
         # that stays fp16: it stays too.
-        self.fp16_only = {m.group(1) for m in _SCALER_ASSIGN.finditer(ctx.source)
-                          if _under_fp16_test(ctx.source, m.start())}
 
     def fix_or_report(self, node, message, build, fix=None):
         # lightning's MixedPrecision plugin: its scaler serves the fp16 autocast of the device
@@ -216,13 +281,17 @@ class GradScaler(Transform):
             return None
         return super().fix_or_report(node, message, build, fix)
 
-    def _kept(self, name: str | None) -> bool:
-        return name in self.fp16_only and not self.ctx.memo(
+    def _kept(self, symbol) -> bool:
+        return symbol in self.fp16_only and not self.ctx.memo(
             "enters_autocast", lambda: _enters_autocast(self.ctx))
 
     def _is_scaler(self, expr: cst.BaseExpression) -> bool:
-        name = terminal_name(expr)
-        return name in self.names and not self._kept(name)
+        symbol = self.ctx.values.symbol(expr)
+        if symbol is not None and symbol in self.symbols:
+            return not self._kept(symbol)
+        # a scaler given to a function (`def train(model, scaler)`, called with one)
+        return self.ctx.values.is_kind(expr, K.SCALER) and not any(
+            self._kept(s) for s in self.symbols)
 
     def _method(self, call: cst.BaseExpression) -> str | None:
         if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute):
@@ -230,24 +299,24 @@ class GradScaler(Transform):
                 return call.func.attr.value
         return None
 
-    def _used_beyond_methods(self, name: str) -> bool:
-        code = _COMMENT.sub("", self.ctx.source)  # "# ...the scaler is a no-op" is no use
-        uses = len(re.findall(rf"\b{re.escape(name)}\b", code))
-        methods = len(re.findall(rf"\b{re.escape(name)}\s*\.\s*(?:{'|'.join(SCALER_METHODS)})\b", code))
-        constructions = len(re.findall(rf"\b{re.escape(name)}\s*(?::[^=\n]+)?=\s*[\w.]*GradScaler\s*\(", code))
-        return uses - methods - constructions > 0
+    def _used_beyond_methods(self, symbol) -> bool:
+        """Is the scaler's variable read other than as the receiver of its methods (passed
+        to a function, returned, tested)?"""
+        uses = _SymbolUses(self.ctx.values, symbol)
+        self.ctx.module.visit(uses)
+        return uses.other > 0
 
     def _constructor(self, node, targets):
         value = node.value
         if not (isinstance(value, cst.Call) and self.ctx.qualify(value.func) in GRAD_SCALERS):
             return None
-        names = [terminal_name(t) for t in targets]
+        symbols = [self.ctx.values.symbol(t) for t in targets]
         text = self.ctx.short(node)
-        if any(self._kept(n) for n in names):
+        if any(self._kept(s) for s in symbols):
             self.ctx.report(self.rule, node, self.say("scaler_unpaired", code=text),
                             applied=False, fix=FixKind.NONE)
             return None
-        if any(self._used_beyond_methods(n) for n in names if n):
+        if any(self._used_beyond_methods(s) for s in symbols if s is not None):
             # Still passed around (`train(model, scaler)`): keep the name, as None.
             return self.fix_or_report(
                 node, self.say("scaler_none", code=text),
@@ -341,20 +410,27 @@ class FusedOptimizer(Transform):
             build)
 
 
-    # Optimizer arguments gathered first (transformers' Trainer: `optimizer_kwargs.update(
-    # {"fused": True})`, then `optimizer_cls(params, **optimizer_kwargs)`): "fused" -> False.
+    # Optimizer arguments gathered first (transformers' Trainer: `optimizer_kwargs = {"lr":
+    # ...}`, `optimizer_kwargs.update({"fused": True})`, then `optimizer_cls(params,
+    # **optimizer_kwargs)`): "fused" -> False. A variable holds optimizer arguments by what it
+    # holds (a dict with an optimizer's keywords) or where it goes (`**` into an optimizer).
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self.optimizer_dicts: set[int] = set()  # id() of dicts that hold optimizer arguments
+        self.holders = ctx.memo("optimizer_argument_variables", lambda: _argument_holders(ctx))
+
+    def _holds_arguments(self, expr: cst.BaseExpression) -> bool:
+        symbol = self.ctx.values.symbol(expr)
+        return symbol is not None and symbol in self.holders
 
     def visit_Call(self, node: cst.Call):
         func = node.func
         if (isinstance(func, cst.Attribute) and func.attr.value in ("update", "setdefault")
-                and "optim" in terminal_name(func.value).lower()):
+                and self._holds_arguments(func.value)):
             self.optimizer_dicts.update(id(a.value) for a in node.args)
 
     def visit_Assign(self, node: cst.Assign):
-        if any("optim" in terminal_name(t.target).lower() for t in node.targets):
+        if any(self._holds_arguments(t.target) for t in node.targets):
             self.optimizer_dicts.add(id(node.value))
 
     def _fused_on(self, value: cst.BaseExpression) -> bool:
@@ -383,7 +459,7 @@ class FusedOptimizer(Transform):
         if not (isinstance(target, cst.Subscript) and len(target.slice) == 1
                 and isinstance(target.slice[0].slice, cst.Index)
                 and string_value(target.slice[0].slice.value) == "fused"
-                and "optim" in terminal_name(target.value).lower()
+                and self._holds_arguments(target.value)
                 and self._fused_on(original.value)):
             return None
         return self._turn_off(original, self.ctx.short(original),
@@ -391,6 +467,45 @@ class FusedOptimizer(Transform):
 
 
 OPTIMIZER_KEYS = {"lr", "betas", "eps", "weight_decay", "momentum", "amsgrad", "foreach"}
+
+
+def _optimizer_keys(value: cst.BaseExpression | None) -> bool:
+    """A dict display or `dict(...)` call with one of torch.optim's keyword arguments."""
+    if isinstance(value, cst.Dict):
+        return any(isinstance(e, cst.DictElement) and string_value(e.key) in OPTIMIZER_KEYS
+                   for e in value.elements)
+    return isinstance(value, cst.Call) and dotted(value.func) == "dict" and any(
+        a.keyword is not None and a.keyword.value in OPTIMIZER_KEYS for a in value.args)
+
+
+def _argument_holders(ctx) -> set:
+    """The variables (values.symbol) that hold an optimizer's keyword arguments: assigned a
+    dict with an optimizer keyword, or given as `**kwargs` to an optimizer's constructor."""
+    values = ctx.values
+    holders = set()
+    for node in walk(ctx.module):
+        if isinstance(node, (cst.Assign, cst.AnnAssign)) and _optimizer_keys(node.value):
+            targets = ([t.target for t in node.targets] if isinstance(node, cst.Assign)
+                       else [node.target])
+            holders.update(values.symbol(t) for t in targets)
+        elif isinstance(node, cst.Call) and any(a.star == "**" for a in node.args) and (
+                any(c.startswith("torch.optim.") for c in _callees(values, node.func))
+                or K.OPTIMIZER in values.kinds(node)):
+            holders.update(values.symbol(a.value) for a in node.args if a.star == "**")
+    holders.discard(None)
+    return holders
+
+
+def _callees(values, func: cst.BaseExpression, depth: int = 0) -> set[str]:
+    """The qualified names a call's function may be: an import, or a variable assigned one
+    (`optimizer_cls = AdamW`, in one branch or another)."""
+    qualified = values.qualified(func)
+    if qualified is not None:
+        return {qualified}
+    if not isinstance(func, cst.Name) or depth > 3:
+        return set()
+    return {name for b in values.bindings(func) if isinstance(b, Assigned) and not b.path
+            for name in _callees(values, b.value, depth + 1)}
 
 
 @transform("TPU205")
@@ -482,17 +597,18 @@ class TiedWeights(Transform):
 
 
 def class_ties(node: cst.ClassDef) -> list[tuple[str, str]]:
-    """The `self.a.weight = self.b.weight` ties in a class's __init__, as ("a.weight", "b.weight")."""
+    """The `self.a.weight = self.b.weight` ties in a class's __init__ (its first parameter,
+    whatever it is called), as ("a.weight", "b.weight")."""
     ties = []
-    for stmt in _init_statements(node):
+    for me, stmt in _init_statements(node):
         if not isinstance(stmt, cst.SimpleStatementLine):
             continue
         for small in stmt.body:
             if isinstance(small, cst.Assign) and len(small.targets) == 1:
                 left, right = dotted(small.targets[0].target), dotted(small.value)
-                if (left and right and left.startswith("self.") and right.startswith("self.")
+                if (left and right and left.startswith(me) and right.startswith(me)
                         and left.endswith(".weight") and right.endswith(".weight")):
-                    ties.append((left[5:], right[5:]))
+                    ties.append((left[len(me):], right[len(me):]))
     return ties
 
 
@@ -567,6 +683,7 @@ def _file_ties(path: str) -> dict[str, list[tuple[str, str]]]:
 def _init_statements(node: cst.ClassDef):
     for stmt in node.body.body if isinstance(node.body, cst.IndentedBlock) else ():
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
+            params = [*stmt.params.posonly_params, *stmt.params.params]
             body = stmt.body
-            if isinstance(body, cst.IndentedBlock):
-                yield from body.body
+            if params and isinstance(body, cst.IndentedBlock):
+                yield from ((params[0].name.value + ".", s) for s in body.body)

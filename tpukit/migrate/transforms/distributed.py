@@ -16,7 +16,6 @@ import libcst as cst
 
 from tpukit.findings import FixKind, Severity
 from tpukit.migrate.context import (
-    LAUNCH_CALL,
     dotted,
     find_keyword,
     keyword_arg,
@@ -47,7 +46,6 @@ DEFAULT_BACKEND = "torch.distributed.get_default_backend_for_device"
 _OTHER_LAUNCHER_ENV = re.compile(r"^(?:OMPI_COMM_WORLD_\w+|PMI_(?:RANK|SIZE)|PMIX_RANK|"
                                  r"SLURM_(?:PROCID|NTASKS|LOCALID)|MV2_COMM_WORLD_\w+)$")
 _CUDA_OR_CPU_BACKEND = re.compile(r"\b(?:nccl|gloo)\b")  # "nccl", "cuda:nccl,cpu:gloo"
-_NCCL = re.compile(r"\bnccl\b", re.I)
 # Backend names: a scope that writes several picks the backend at run time, for the device it
 # finds (transformers' tensor parallelism: {"cuda": "nccl", "cpu": "gloo", ...}).
 _BACKEND_NAMES = frozenset({"nccl", "gloo", "mpi", "ccl", "xccl", "hccl", "ucc"})
@@ -402,8 +400,8 @@ def _library_cpu_group(ctx, backend: cst.Arg | None) -> bool:
 def _writes_nccl(expr: cst.BaseExpression) -> bool:
     """Does `expr` hold the string "nccl" (alone, or in "cuda:nccl,cpu:gloo")? Its strings'
     values decide, not its text: a name that says nccl is only a name."""
-    return any(isinstance(n, cst.SimpleString) and _NCCL.search(string_value(n) or "")
-               for n in walk(expr))
+    return any(isinstance(n, cst.SimpleString)
+               and _NCCL_BACKEND.match((string_value(n) or "").lower()) for n in walk(expr))
 
 
 # An availability test as the user wrote it, or as TPU110 wrote it (`bool(xr.device_type())`):
@@ -751,7 +749,7 @@ class SamplerReplicas(Transform):
         # value left out asks the default process group, which a ported script makes with the
         # xla backend (timm's loader): set it only where the file starts processes and makes
         # no group (xmp.spawn with no torch.distributed, where the default would raise).
-        launches = self.ctx.memo("launches", lambda: bool(LAUNCH_CALL.search(self.ctx.source)))
+        launches = bool(self.ctx.launch_calls())
         no_group = not _group_calls(self.ctx)
         replace = {}
         for index, arg in ((1, replicas), (2, rank)):

@@ -23,21 +23,24 @@ DTYPES = {
 }
 TYPED = {f"torch.cuda.{name}": dtype for name, dtype in DTYPES.items()}
 HOST_TYPED = {f"torch.{name}": dtype for name, dtype in DTYPES.items()}
-_ALIAS = re.compile(r"^[ \t]*(\w+)[ \t]*=[^\n=]*\bcuda\.(?:%s)\b" % "|".join(DTYPES), re.M)
+# A typed tensor is reached by its name, written where it is imported or used: a file
+# without one calls none (a sound prefilter; what decides is the name a value resolves to).
+_TYPED_NAMES = re.compile(r"\b(?:%s)\b" % "|".join(DTYPES))
 
 
-def _dtype(ctx, expr: cst.BaseExpression) -> str | None:
+def _dtype(ctx, expr: cst.BaseExpression, qualify=None) -> str | None:
     """The dtype of a typed tensor: `torch.cuda.FloatTensor`, or `torch.cuda.FloatTensor if
     cuda else torch.FloatTensor` (either way round, the same dtype), or the string
-    'torch.cuda.FloatTensor'."""
+    'torch.cuda.FloatTensor'. `qualify`: how names resolve (the traversal's by default)."""
+    qualify = qualify or ctx.qualify
     if isinstance(expr, cst.IfExp):
-        sides = [_dtype(ctx, expr.body), _dtype(ctx, expr.orelse)]
-        host = [HOST_TYPED.get(ctx.qualify(e)) for e in (expr.body, expr.orelse)]
+        sides = [_dtype(ctx, expr.body, qualify), _dtype(ctx, expr.orelse, qualify)]
+        host = [HOST_TYPED.get(qualify(e)) for e in (expr.body, expr.orelse)]
         cuda = [d for d in sides if d]
         if len(cuda) == 1 and (cuda[0] in host or sides == [cuda[0], cuda[0]]):
             return cuda[0]
         return None
-    name = ctx.qualify(expr)
+    name = qualify(expr)
     if name in TYPED:
         return TYPED[name]
     text = string_value(expr)
@@ -49,13 +52,13 @@ def aliases(ctx) -> dict[str, str]:
     traversal: a function defined above the assignment may use the name."""
     def scan() -> dict[str, str]:
         found: dict[str, str] = {}
-        if not _ALIAS.search(ctx.source):
+        if not _TYPED_NAMES.search(ctx.source):
             return found
         for stmt in _module_statements(ctx.module.body):
             for small in stmt.body:
                 if (isinstance(small, cst.Assign) and len(small.targets) == 1
                         and isinstance(small.targets[0].target, cst.Name)):
-                    dtype = _dtype(ctx, small.value)
+                    dtype = _dtype(ctx, small.value, ctx.values.qualified)
                     if dtype:
                         found[small.targets[0].target.value] = dtype
         return found
@@ -87,7 +90,7 @@ class TypedTensor(Transform):
     reads_device_facts = True
 
     def statement_triggers(self, source: str) -> set[str]:
-        return super().statement_triggers(source) | set(_ALIAS.findall(source))
+        return super().statement_triggers(source) | set(aliases(self.ctx))
 
     def _helper(self) -> str:
         return self.mapping["helper"]
