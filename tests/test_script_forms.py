@@ -394,3 +394,61 @@ def test_a_cuda_default_nothing_uses_as_a_device_is_not_the_device_to_move_to():
         """).new_source
     assert 'def f(x, *, device="cuda"):\n    return x.to(torch_xla.device())' in new
     assert 'def g(x, device="xla"):' in new and "return x.to(device) + y" in new
+
+
+# -- growing samplers (TPU503's port; fixtures/gpt_sampler runs them on XLA) ------------------
+_SAMPLER = """
+    import torch
+    from torch import cat
+    model = Net().cuda()
+    def sample(idx, n, B):
+        for _ in range(n):
+            {crop}
+            nxt = model(ctx)[:, -1, :].argmax(-1, keepdim=True)
+            {extra}
+            idx = cat({parts}, dim={dim})
+        return idx
+    """
+
+
+def _sampler(crop="ctx = idx if idx.size(1) <= B else idx[:, -B:]", extra="", parts="(idx, nxt)",
+             dim="1"):
+    return migrate(_SAMPLER.format(crop=crop, extra=extra, parts=parts, dim=dim))
+
+
+def test_a_sampler_is_ported_whatever_imports_its_cat():
+    result = _sampler()
+    new = result.new_source
+    assert "_tpukit_parts.append(nxt)" in new and "idx = torch.cat(_tpukit_parts, dim=1)" in new
+    assert "import torch\n" in new  # the port writes torch.cat
+    [finding] = [f for f in result.findings if f.code == "TPU503"]
+    assert finding.applied
+    compile(new, "train.py", "exec")
+
+
+@pytest.mark.parametrize("changes", [
+    {"extra": "print(idx.shape)"},  # the sequence is read elsewhere in the loop
+    {"dim": "0"},  # grows the batch, not the sequence
+    {"crop": "ctx = idx[:, -len(idx):]"},  # a bound that reads the sequence
+    {"crop": "ctx = idx[:, -B():]"},  # a bound computed each iteration
+    {"parts": "(nxt, idx)"},  # prepends
+    {"crop": "ctx = idx"},  # no crop: the model reads all of it
+])
+def test_a_growing_cat_of_another_shape_is_reported_not_ported(changes):
+    result = _sampler(**changes)
+    assert "_tpukit" not in result.new_source
+    if changes.get("parts") != "(nxt, idx)" and changes.get("dim") != "0":
+        [finding] = [f for f in result.findings if f.code == "TPU503"]
+        assert not finding.applied
+
+
+def test_a_ported_sampler_is_ported_once():
+    new = _sampler().new_source
+    assert migrate_source(new, "train.py", XLA).new_source == new
+
+
+def test_the_torchtpu_target_reports_the_sampler():
+    result = migrate(_SAMPLER.format(crop="ctx = idx if idx.size(1) <= B else idx[:, -B:]",
+                                     extra="", parts="(idx, nxt)", dim="1"), TPU)
+    assert "_tpukit" not in result.new_source
+    assert [f.applied for f in result.findings if f.code == "TPU503"] == [False]

@@ -65,3 +65,57 @@ def test_migrated_fixture_runs_on_xla_cpu(name, tmp_path):
     assert loss and math.isfinite(float(loss.group(1))), proc.stdout[-2000:]
     compiles = int(re.search(r"^XLA_COMPILES (\d+)$", proc.stdout, re.M).group(1))
     assert compiles > 0, "the script ran, but nothing ran on the XLA device"
+
+
+def _sampler_run(path, tokens: int, cwd, *extra: str, xla: bool = True):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    if xla:
+        env["PJRT_DEVICE"] = "CPU"
+        command = [sys.executable, "-c", RUNNER, str(path)]
+    else:
+        command = [sys.executable, str(path)]
+    return subprocess.run([*command, "--steps", "1", "--tokens", str(tokens), *extra], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def _drawn(proc) -> tuple[dict[str, str], int]:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    drawn = dict(line.split(" ", 1) for line in proc.stdout.splitlines()
+                 if line.split(" ", 1)[0] in ("greedy", "sampled", "tail"))
+    compiles = re.search(r"^XLA_COMPILES (\d+)$", proc.stdout, re.M)
+    return drawn, int(compiles.group(1)) if compiles else 0
+
+
+@pytest.mark.xla
+def test_a_ported_sampler_draws_the_same_tokens_in_graphs_that_do_not_grow_with_them(tmp_path):
+    """fixtures/gpt_sampler: minGPT's sampler (and the crop without its length test) ported
+    by TPU503 against the same script ported without it (a barrier per token only): the same
+    tokens, greedy and drawn with the same seed; the port's compiles do not grow with the
+    number of tokens, the unported loop's grow by one per token. The crop without its test
+    (`idx[:, -B:]` of a shorter sequence) fails on XLA unported; ported, it draws what the
+    original draws on the CPU."""
+    from tpukit.migrate.engine import MigrateOptions, migrate_source
+    from tpukit.rules import select_rules
+
+    source = (FIXTURES / "gpt_sampler" / "cuda.py").read_text()
+    ported = migrate_source(source, "cuda.py", MigrateOptions(
+        rules=select_rules([], []), target="xla")).new_source
+    unported = migrate_source(source, "cuda.py", MigrateOptions(
+        rules=select_rules([], ["TPU503"]), target="xla")).new_source
+    assert ported == (FIXTURES / "gpt_sampler" / "xla.py").read_text()
+    assert "_tpukit_window" in ported and "_tpukit_window" not in unported
+    paths = {}
+    for name, code in (("ported", ported), ("unported", unported), ("original", source)):
+        paths[name] = tmp_path / f"{name}.py"
+        paths[name].write_text(code)
+    runs = {(name, tokens): _drawn(_sampler_run(paths[name], tokens, tmp_path, "--no-tail"))
+            for name in ("ported", "unported") for tokens in (5, 15)}
+    for tokens in (5, 15):
+        assert runs["ported", tokens][0] == runs["unported", tokens][0]
+    assert runs["ported", 15][1] == runs["ported", 5][1]
+    assert runs["unported", 15][1] >= runs["unported", 5][1] + 2 * 10  # two samplers
+    tail = _drawn(_sampler_run(paths["ported"], 15, tmp_path))[0]
+    on_cpu = _drawn(_sampler_run(paths["original"], 15, tmp_path, xla=False))[0]
+    assert tail["tail"] == on_cpu["tail"] and tail["greedy"] == on_cpu["greedy"]
+    failed = _sampler_run(paths["unported"], 15, tmp_path)
+    assert failed.returncode != 0 and "Value out of range" in failed.stderr

@@ -103,7 +103,7 @@ _CUDA_QUERIES = {"torch.cuda.is_available", "torch.cuda.device_count", "torch.cu
 
 def library_cuda_choice(ctx: MigrationContext, node: cst.If | cst.IfExp | cst.Assert) -> str | None:
     """Why a statement of library code (context.library_code) is left to CUDA: its test asks
-    for CUDA (`torch.cuda.is_available()`, a GPU count, a function of its own named for CUDA,
+    for CUDA (`torch.cuda.is_available()`, a GPU count, a function of its own that returns one,
     `x.is_cuda`, `x.device.type == "cuda"`).
     The library's other path is the one it supports without CUDA, and what the original ran
     on a TPU host; rewritten, the test turned true there and the CUDA branch ran: accelerate's

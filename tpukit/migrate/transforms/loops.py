@@ -222,7 +222,9 @@ class _StepFinder(cst.CSTVisitor):
 
 def _calls_stepping_function(ctx, node: cst.Call) -> bool:
     func = node.func
-    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+    if isinstance(func, cst.Attribute) and ctx.values.self_class.get(id(func)) is not None:
+        # `self.train_step(...)`: a method of the class this method is in (its first
+        # parameter, whatever it is called)
         return is_stepping_function(ctx, func.attr.value)
     return isinstance(func, cst.Name) and is_stepping_function(ctx, func.value)
 
