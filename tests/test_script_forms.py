@@ -452,3 +452,16 @@ def test_the_torchtpu_target_reports_the_sampler():
                                      extra="", parts="(idx, nxt)", dim="1"), TPU)
     assert "_tpukit" not in result.new_source
     assert [f.applied for f in result.findings if f.code == "TPU503"] == [False]
+
+
+@pytest.mark.parametrize("line,sets", [
+    ("eager_mode = True", False),  # the script's own variable is no mode
+    ("torch.tpu.eager_mode = torch.tpu.EagerMode.DEFER_AND_FUSE", True),
+    ("with torch.tpu.set_eager_mode(torch.tpu.EagerMode.EAGER):\n    pass", True),
+])
+def test_the_eager_mode_is_set_unless_the_script_sets_one(line, sets):
+    options = MigrateOptions(rules=select_rules([], []), target="torchtpu",
+                             eager_mode="fused")
+    new = migrate(f"import torch\nx = torch.zeros(1).cuda()\n{line}\n", options).new_source
+    added = "torch.tpu.eager_mode = torch.tpu.EagerMode.DEFER_AND_FUSE\n"
+    assert new.count(added) == (1 if line.startswith("torch.tpu.eager_mode") else 0 if sets else 1)

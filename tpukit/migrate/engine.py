@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -222,7 +221,7 @@ def migrate_source(source: str, path: str, options: MigrateOptions) -> Migration
     new_module = helpers.insert(new_module, ctx.helpers_needed)
     if ctx.library_code:
         new_module = _library_helper_imports(new_module, ctx)
-    if options.eager_mode is not None and not _SETS_EAGER_MODE.search(source):
+    if options.eager_mode is not None and not _sets_eager_mode(ctx):
         new_module = _set_eager_mode(new_module, ctx, options.eager_mode)
     new_source = new_module.code
     _check_still_python(source, new_source, path)
@@ -273,8 +272,17 @@ def _silenced(migration: Migration, silenced: list[Finding], suppressions: Suppr
     return migration
 
 
-# The file sets (`torch.tpu.eager_mode = ...`) or enters (`set_eager_mode(...)`) a mode already.
-_SETS_EAGER_MODE = re.compile(r"\beager_mode\s*=(?!=)|\bset_eager_mode\s*\(")
+def _sets_eager_mode(ctx: MigrationContext) -> bool:
+    """Does the file set (`torch.tpu.eager_mode = ...`) or enter (`torch.tpu.set_eager_mode(
+    ...)`) a mode already, by the names its code resolves to (a variable of its own called
+    `eager_mode` is no mode)?"""
+    if "eager_mode" not in ctx.source:
+        return False  # neither name is written (a sound prefilter)
+    values = ctx.values
+    return any(
+        (isinstance(node, cst.AssignTarget) and values.qualified(node.target) == "torch.tpu.eager_mode")
+        or (isinstance(node, cst.Call) and values.qualified(node.func) == "torch.tpu.set_eager_mode")
+        for node in walk(ctx.module))
 
 
 def _set_eager_mode(module: cst.Module, ctx: MigrationContext, mode: str) -> cst.Module:
