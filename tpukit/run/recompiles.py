@@ -82,11 +82,13 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
                     cause = ("; it is the first graph from this line, which first ran after warm-up "
                              "and compiled nothing new after: code that runs now and then (an "
                              "evaluation, a logging step, a checkpoint), not a recompile")
-                causes.setdefault((severity, fails_on, cause), []).append((event, where, extra))
+                    extra.pop("fix", None)
+                causes.setdefault((severity, fails_on, cause, extra.get("fix")), []).append(
+                    (event, where, extra))
             history.append((line, event.graph_hash, step.index))
         # One cause, one finding: a ragged last batch recompiles every graph of its step.
         findings += [_cause_finding(step, severity, fails_on, cause, graphs, len(compiled))
-                     for (severity, fails_on, cause), graphs in causes.items()]
+                     for (severity, fails_on, cause, _), graphs in causes.items()]
         findings += _unbarriered(step, graphs or {}, script, steps)
         if not step.graphs and step.compiles and loops.steady(step):  # no debug log to read
             findings.append(finding(
@@ -246,7 +248,7 @@ def _merge(group: list[RunFinding]) -> RunFinding:
     steps = [f.extra["step"] for f in group]
     head = (f"{len(group)} steps ({', '.join(map(str, steps[:8]))}{', ...' if len(steps) > 8 else ''}) "
             f"recompiled at this line for one cause: {graphs} new graph(s), {total:.2f} s in all; ")
-    fix = first.message.split(". Fix: ", 1)[1] if ". Fix: " in first.message else ""
+    fix = first.extra.get("fix", "")
     more = f"; and {len(group) - 4} more" if len(group) > 4 else ""
     extra = {**first.extra, "steps": steps, "compile_s": total,
              "occurrences": [{"step": f.extra["step"], "previous_step": f.extra.get("previous_step"),
@@ -376,11 +378,17 @@ def _read_cut(step: Step, where, hashes: list[str], reads: list[str], sizes: lis
                    compile_s=round(step.compile_s, 6), graphs=hashes, kind="read-cut", sizes=sizes)
 
 
+def _fixed(message: str, extra: dict) -> str:
+    """The message with its fix (the finding's `fix` field) said last."""
+    return message + (f". Fix: {extra['fix']}" if extra.get("fix") else "")
+
+
 def _cause_finding(step: Step, severity: Severity | None, fails_on: str | None, cause: str,
                    graphs: list, compiled: int) -> RunFinding:
     """The finding for the graphs of one step that one cause recompiled: at the first one's
     line, naming the others' lines, with the time they cost."""
     (first, where, extra), others = graphs[0], graphs[1:]
+    cause = _fixed(cause, extra)
     # torch_xla times compiles per step, not per graph: with several, say the step's total
     if not others:
         took = (f"{extra['compile_s']:.2f} s" if compiled <= 1 else
@@ -442,19 +450,21 @@ def _recompile(step: Step, event, previous: Step | None, compile_s: float,
             extra["data_dependent"] = dynamic  # the cause: no graph diff needed
             message += (f". This step ran ops whose output size depends on the data on the CPU "
                         f"({dynamic}): their results enter the graph with a new size whenever the "
-                        "data changes. Fix: give them fixed shapes (see TPU702)")
+                        "data changes")
+            extra["fix"] = "give them fixed shapes (see TPU702)"
         else:
-            message += (": look for Python numbers that vary per step (a float in tensor math, a "
-                        "step-dependent branch, an `.item()` fed back into tensors) and make them "
-                        "tensors; `tpukit run --explain-graphs` names the instruction and the "
-                        "line that differ")
+            extra["fix"] = ("look for Python numbers that vary per step (a float in tensor math, "
+                            "a step-dependent branch, an `.item()` fed back into tensors) and "
+                            "make them tensors; `tpukit run --explain-graphs` names the "
+                            "instruction and the line that differ")
         return None, "recompile", message, extra
     what = "; ".join(describe(c) for c in changes)
-    message = f"; changed since step {previous.index}: {what}. Fix: {_shape_fix(changes)}"
+    message = f"; changed since step {previous.index}: {what}"
+    extra["fix"] = _shape_fix(changes)
     if step.collate and not all(c["dims"] == [0] for c in changes):
         name, path, line = step.collate
-        message += (f"; the batches are made by the loader's collate_fn `{name}` "
-                    f"({Path(path).name}:{line}): pad there")
+        extra["fix"] += (f"; the batches are made by the loader's collate_fn `{name}` "
+                         f"({Path(path).name}:{line}): pad there")
         extra["collate"] = {"name": name, "path": path, "line": line}
     return None, "recompile", message, extra
 
@@ -484,10 +494,9 @@ def _graph_difference(cause: str, extra: dict, where, graphs: dict, before: str,
     at = _at(difference)
     extra["graph_diff"] = {**_diff_fields(difference),
                            "ops": [len(graphs[before]), len(graphs[after])]}
-    head = cause.split(": look for Python numbers", 1)[0]  # the diff says what to look at
     sizes = f"{len(graphs[before])} -> {len(graphs[after])} HLO instructions"
-    cause = (f"{head}. The graphs differ first at {at}: {difference.what} ({sizes}). Fix: "
-             f"{fix_for(difference)}")
+    cause = f"{cause}. The graphs differ first at {at}: {difference.what} ({sizes})"
+    extra["fix"] = fix_for(difference)  # the diff says what to look at
     if difference.path and is_user_file(difference.path):
         where = (difference.path, difference.line)
     return cause, where

@@ -12,7 +12,7 @@ from tpukit.findings import FixKind
 from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.context import dotted, terminal_name
 from tpukit.migrate.nodes import walk
-from tpukit.migrate.transforms import samplers
+import tpukit.migrate.transforms.samplers as samplers
 from tpukit.migrate.transforms.base import Transform, transform
 from tpukit.migrate.transforms.loops import HOST_READS, find_steps, loader_in_iter
 
