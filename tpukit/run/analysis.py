@@ -50,17 +50,19 @@ def fallback_findings(probe: Probe, steps: list[Step], loops: Loops,
             continue
         rate = steady[op] / steady_steps
         fix = fixes.get(op, "find a fixed-shape form of this op, or move it out of the training step")
+        unseen = ("the calling line was not seen: it ran only outside the traced steps"
+                  if not probe.fallback_lines.get(op) else None)
         lines = sorted(probe.fallback_lines.get(op, {}).items(), key=lambda kv: kv[0])
         first = next((s.index for s in steps if op in s.fallbacks), None)
-        extra = {"op": op, "count": total, "per_step": round(rate, 4), "first_step": first}
+        extra = {"op": op, "count": total, "per_step": round(rate, 4), "first_step": first,
+                 "fix": fix}
         what = (f"{total} time(s) in all ({rate:.2g} per step after warm-up, first in step "
                 f"{first})")
         effect = "each call copies tensors to the host and back and cuts the graph"
         if not lines:
             findings.append(finding(
-                "TPU702", f"`{op}` ran on the CPU {what}: {effect}. Fix: {fix} (the calling line "
-                "was not seen: it ran only outside the traced steps)", (script, 1),
-                fails_on="fallback", **extra))
+                "TPU702", f"`{op}` ran on the CPU {what}: {effect}. Fix: {fix} ({unseen})",
+                (script, 1), fails_on="fallback", **extra))
         for where, calls in lines:
             share = f"; this line is one of {len(lines)} calling it" if len(lines) > 1 else ""
             caller = probe.fallback_callers.get(where)
@@ -100,14 +102,14 @@ def sync_findings(steps: list[Step], loops: Loops) -> list[RunFinding]:
             if steady else 0.0
         hot = bool(steady) and reading >= len(steady) / 2
         shown = f"`.{method}()`" if not method.startswith("__") else f"`{method[2:-2]}(tensor)`"
+        fix = fixes.get(method, "read it outside the step")
         message = (f"{shown} copies device data to the host {entry['count']} time(s) "
                    f"({rate:.2g} per step after warm-up, {entry['bytes']} bytes in all, "
                    f"{entry['wait_s']:.2f} s waiting): the host "
-                   f"waits for the device{' every step' if hot else ''}. "
-                   f"Fix: {fixes.get(method, 'read it outside the step')}")
+                   f"waits for the device{' every step' if hot else ''}. Fix: {fix}")
         findings.append(finding(
             "TPU703", message, where, None if hot else Severity.INFO,
-            "sync" if hot else None, method=method,
+            "sync" if hot else None, method=method, fix=fix,
             count=entry["count"], per_step=round(rate, 4), bytes=entry["bytes"],
             wait_s=round(entry["wait_s"], 6), steps=sorted(entry["steps"])[:50]))
     return findings
