@@ -465,3 +465,23 @@ def test_the_eager_mode_is_set_unless_the_script_sets_one(line, sets):
     new = migrate(f"import torch\nx = torch.zeros(1).cuda()\n{line}\n", options).new_source
     added = "torch.tpu.eager_mode = torch.tpu.EagerMode.DEFER_AND_FUSE\n"
     assert new.count(added) == (1 if line.startswith("torch.tpu.eager_mode") else 0 if sets else 1)
+
+
+def test_a_seed_where_the_script_starts_its_processes_does_not_start_the_runtime():
+    """SimSiam's main(): `torch.manual_seed(args.seed)`, then `mp.spawn(...)`: a
+    `torch_xla.manual_seed` there starts the XLA runtime, and torch_xla.launch refuses to run
+    ("Runtime is already initialized")."""
+    result = migrate("""
+        import torch
+        import torch.multiprocessing as mp
+        def worker(index, args):
+            torch.manual_seed(args.seed)
+            x = torch.zeros(1).cuda()
+        def main(args):
+            torch.manual_seed(args.seed)
+            mp.spawn(worker, nprocs=torch.cuda.device_count(), args=(args,))
+        """)
+    new = result.new_source
+    assert new.count("torch_xla.manual_seed(args.seed)") == 1  # in the worker only
+    assert new.index("torch_xla.manual_seed") < new.index("def main")
+    assert [f.applied for f in result.findings if f.code == "TPU118"] == [True, False]

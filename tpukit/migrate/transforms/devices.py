@@ -553,6 +553,12 @@ class SeedXla(Transform):
         workers = self.ctx.values.worker_init_functions()
         if any(id(f) in workers for f in self.ctx.functions):
             return None  # a DataLoader worker's init: the XLA runtime must not start there
+        if self.ctx.in_launcher():
+            # SimSiam's main(): seeds, then `mp.spawn` (torch_xla.launch), which refuses to
+            # start once the runtime is initialised ("Runtime is already initialized")
+            self.ctx.report(self.rule, original, self.say("launcher", code=self.ctx.short(call)),
+                            False, fix=FixKind.NONE, severity=Severity.INFO)
+            return None
         if self.ctx.owner_leaves("TPU118", "seed"):
             # transformers' serving seeds each request, on whatever device its model is: a
             # CPU server on a TPU host started the XLA runtime (and claimed the TPU) there
