@@ -58,7 +58,7 @@ class _Collect(cst.CSTVisitor):
     def __init__(self) -> None:
         self.bound: list[str] = []
         self.keep: set[str] = set()
-        self.self_attrs: set[str] = set()  # set on self
+        self.self_attrs: set[str] = set()  # assigned on self (`self.x = ...`)
         self.other_attrs: set[str] = set()  # read or set on anything but self
         self.methods: set[str] = set()
         self.keywords: set[str] = set()  # keywords of calls
@@ -129,6 +129,11 @@ class _Collect(cst.CSTVisitor):
     def _targets(self, target: cst.BaseExpression) -> None:
         if isinstance(target, cst.Name):
             self._bind(target.value)
+        elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) \
+                and target.value.value == "self":
+            # an attribute the file sets on self is its own; one it only reads there
+            # (`self.apply(...)`, `self.register_buffer(...)`) is the framework's
+            self.self_attrs.add(target.attr.value)
         elif isinstance(target, (cst.Tuple, cst.List)):
             for element in target.elements:
                 self._targets(element.value)
@@ -136,9 +141,7 @@ class _Collect(cst.CSTVisitor):
             self._targets(target.value)
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        if isinstance(node.value, cst.Name) and node.value.value == "self":
-            self.self_attrs.add(node.attr.value)
-        else:
+        if not (isinstance(node.value, cst.Name) and node.value.value == "self"):
             self.other_attrs.add(node.attr.value)
 
     def visit_Arg(self, node: cst.Arg) -> None:

@@ -178,3 +178,14 @@ def test_the_decisions_change_the_code():
     for name, source in DECISIONS.items():
         migrated = migrate_source(source.lstrip("\n"), "program.py", OPTIONS["xla"])
         assert migrated.new_source != source.lstrip("\n"), name
+
+
+def test_the_renaming_leaves_what_self_inherits():
+    """`self.apply(...)` and `self.register_buffer(...)` are nn.Module's: renaming them makes
+    another program (minGPT's model.py renamed so read as a CUDA file)."""
+    source = ("import torch\nclass Net(torch.nn.Module):\n    def __init__(self):\n"
+              "        super().__init__()\n        self.width = 4\n"
+              "        self.register_buffer('b', torch.zeros(1))\n        self.apply(print)\n")
+    mapping = mm.rename_map(source, "cuda")
+    assert ".width" in mapping
+    assert ".apply" not in mapping and ".register_buffer" not in mapping
