@@ -245,7 +245,7 @@ def cat_lines(original: cst.SimpleStatementLine, sampler: Sampler, statement) ->
 
 
 def around(updated: cst.For, sampler: Sampler, statement, qualify) -> cst.FlattenSentinel:
-    """The loop (its lines ported by crop_line and cat_lines) between the window's and the
+    """The loop (its lines ported by crop and cat_lines) between the window's and the
     parts' start and the sequence made once after it; a barrier ends each iteration (the
     step-barrier rule's, where it added one)."""
     loop = updated
