@@ -50,8 +50,6 @@ def fallback_findings(probe: Probe, steps: list[Step], loops: Loops,
             continue
         rate = steady[op] / steady_steps
         fix = fixes.get(op, "find a fixed-shape form of this op, or move it out of the training step")
-        unseen = ("the calling line was not seen: it ran only outside the traced steps"
-                  if not probe.fallback_lines.get(op) else None)
         lines = sorted(probe.fallback_lines.get(op, {}).items(), key=lambda kv: kv[0])
         first = next((s.index for s in steps if op in s.fallbacks), None)
         extra = {"op": op, "count": total, "per_step": round(rate, 4), "first_step": first,
@@ -61,8 +59,9 @@ def fallback_findings(probe: Probe, steps: list[Step], loops: Loops,
         effect = "each call copies tensors to the host and back and cuts the graph"
         if not lines:
             findings.append(finding(
-                "TPU702", f"`{op}` ran on the CPU {what}: {effect}. Fix: {fix} ({unseen})",
-                (script, 1), fails_on="fallback", **extra))
+                "TPU702", f"`{op}` ran on the CPU {what}: {effect}. Fix: {fix} (the calling line "
+                "was not seen: it ran only outside the traced steps)", (script, 1),
+                fails_on="fallback", **extra))
         for where, calls in lines:
             share = f"; this line is one of {len(lines)} calling it" if len(lines) > 1 else ""
             caller = probe.fallback_callers.get(where)

@@ -220,9 +220,9 @@ class CudaCatalog:
     other_gpu_namespaces: tuple[str, ...]
     other_device_types: frozenset[str]
     other_vendor_libraries: tuple[str, ...]
-    cuda_torch_names: tuple[str, ...] = ()
-    cuda_only_packages: frozenset[str] = frozenset()
-    cuda_torch_keywords: dict = None  # qualified function -> its CUDA keywords
+    cuda_torch_names: tuple[str, ...]
+    cuda_only_packages: frozenset[str]
+    cuda_torch_keywords: dict[str, tuple[str, ...]]  # qualified function -> its CUDA keywords
 
     def cuda_only_library(self, module: str) -> bool:
         """Is `module` (an imported module's dotted name) one only a CUDA machine has?"""
@@ -239,7 +239,7 @@ class CudaCatalog:
 
     def cuda_keyword(self, function: str | None, keyword: str) -> bool:
         """Is `keyword` one of torch function `function`'s CUDA keywords (`with_cuda=`)?"""
-        return keyword in (self.cuda_torch_keywords or {}).get(function or "", ())
+        return keyword in self.cuda_torch_keywords.get(function or "", ())
 
     def other_gpu(self, name: str | None) -> bool:
         return bool(name) and under(name, self.other_gpu_namespaces)

@@ -90,8 +90,11 @@ def _moves_items(ctx, loop: cst.For) -> bool:
     return ctx.memo(("moves_items", id(loop)), lambda: bool(first(loop.body, moves)))
 
 
-def is_barrier(ctx, call: cst.Call) -> bool:
-    return ctx.qualify(call.func) in BARRIERS or dotted(call.func) in ("torch_xla.sync", "xm.mark_step")
+def is_barrier(ctx, call: cst.Call, qualify=None) -> bool:
+    """A graph barrier: by the name the call resolves to (`qualify`: how names resolve, the
+    traversal's by default), or one a rule just wrote, before its import exists."""
+    return (qualify or ctx.qualify)(call.func) in BARRIERS \
+        or dotted(call.func) in ("torch_xla.sync", "xm.mark_step")
 
 
 def is_optimizer_step(ctx, call: cst.BaseExpression) -> bool:

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from tpukit.migrate.nodes import dotted, walk
+from tpukit.migrate.nodes import walk
+from tpukit.migrate.transforms.loops import is_barrier
 
 CATS = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})
 WINDOW, PARTS = "_tpukit_window", "_tpukit_parts"
@@ -137,17 +138,11 @@ def _crop(expr: cst.BaseExpression, grown: str) -> cst.BaseExpression | None:
     return bound if _same(compared, bound) else None
 
 
-BARRIERS = frozenset({"torch_xla.sync", "torch_xla.core.xla_model.mark_step"})
-
-
 def _barrier(stmt: cst.CSTNode, qualify) -> bool:
-    """`torch_xla.sync()` or `xm.mark_step()` alone on its line (one a rule just wrote, before
-    its import exists, by the name tpukit writes)."""
-    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
-            and isinstance(stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.Call)):
-        return False
-    func = stmt.body[0].value.func
-    return (qualify(func) or dotted(func)) in BARRIERS
+    """A graph barrier alone on its line (loops.is_barrier)."""
+    return isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 \
+        and isinstance(stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.Call) \
+        and is_barrier(None, stmt.body[0].value, qualify)
 
 
 def _same(a: cst.CSTNode, b: cst.CSTNode) -> bool:
