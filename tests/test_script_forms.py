@@ -485,3 +485,193 @@ def test_a_seed_where_the_script_starts_its_processes_does_not_start_the_runtime
     assert new.count("torch_xla.manual_seed(args.seed)") == 1  # in the worker only
     assert new.index("torch_xla.manual_seed") < new.index("def main")
     assert [f.applied for f in result.findings if f.code == "TPU118"] == [True, False]
+
+
+def _codes(migration) -> list[str]:
+    return [f.code for f in migration.findings]
+
+
+def test_a_data_parallel_wrapper_its_function_returns_is_kept_on_xla():
+    # pix2pix's init_net returns `DataParallel(net, gpu_ids)`; another file reads
+    # `getattr(self, 'net' + name).module`, which no dataflow follows
+    source = """
+        import torch.nn as nn
+        def init_net(net, gpu_ids):
+            net = nn.DataParallel(net, gpu_ids)
+            return net
+        def wrap(net):
+            return nn.DataParallel(net)
+        model = nn.DataParallel(model)
+        torch.save(model.module.state_dict(), "m.pt")
+        """
+    migration = migrate(source)
+    new = migration.new_source
+    assert "net = nn.DataParallel(net, gpu_ids)\n    return net" in new
+    assert "return nn.DataParallel(net)\n" in new
+    assert "\nmodel = nn.DataParallel(model)\n" not in new  # not returned: removed as before
+    assert "model.state_dict()" in new
+    kept = [f for f in migration.findings if f.code == "TPU403" and "is kept" in f.message]
+    assert [f.location.line for f in kept] == [3, 6]
+    torchtpu = migrate(source, TPU).new_source
+    code = "\n".join(line for line in torchtpu.splitlines() if "# tpukit:" not in line)
+    assert "nn.DataParallel(" not in code and code.count("return net\n") == 2
+
+
+ROLLOUT = """
+    import numpy as np
+    import torch
+    device = torch.device("cuda")
+    net = torch.nn.Linear(4, 2).to(device)
+    values = torch.zeros((8, 2)).to(device)
+    x = torch.zeros((2, 4)).to(device)
+    for step in range(8):
+        with torch.no_grad():
+            v = net(x)
+        STORE
+        a = v.cpu().numpy()
+        x = torch.Tensor(np.ones((2, 4)) * a.sum()).to(device)
+    """
+
+
+@pytest.mark.parametrize("store, barrier", [
+    ("values[step] = v.flatten()[:2]", True),  # a tensor made before the loop
+    ("values[step] += v.flatten()[:2]", True),
+    ("stored = [0] * 8; stored[step] = v", False),  # a list the iteration makes
+    ("values = v", False),  # rebinds, no write into it
+])
+def test_a_loop_that_fills_a_tensor_made_before_it_gets_a_barrier(store, barrier):
+    new = migrate(ROLLOUT.replace("STORE", store)).new_source
+    assert ("torch_xla.sync()" in new) == barrier, new
+
+
+def test_a_rollout_without_a_host_read_gets_no_barrier():
+    new = migrate(ROLLOUT.replace("STORE", "values[step] = v.flatten()[:2]")
+                  .replace("a = v.cpu().numpy()", "a = v").replace("a.sum()", "1.0")).new_source
+    assert "torch_xla.sync()" not in new
+
+
+STEP_METHOD = """
+    import torch
+    class Model:
+        def __init__(self, net):
+            self.net = net.cuda()
+            self.opt = torch.optim.Adam(self.net.parameters())
+        def optimize(self, x):
+            self.opt.zero_grad()
+            self.net(x.cuda()).sum().backward()
+            self.opt.step()
+            self.steps = 1
+    CALLER
+    """
+
+
+def test_a_step_method_that_no_code_in_the_file_calls_ends_with_the_barrier():
+    # pix2pix: train.py's loop calls `model.optimize_parameters()` of a class picked by a string
+    migration = migrate(STEP_METHOD.replace("CALLER", ""))
+    assert "        self.opt.step()\n        torch_xla.sync()\n        self.steps = 1" in \
+        migration.new_source
+    assert any("no code in this file calls" in f.message for f in migration.findings)
+
+
+def test_a_step_method_called_by_a_loop_of_the_file_gets_one_barrier_in_that_loop():
+    new = migrate(STEP_METHOD.replace("CALLER", textwrap.dedent("""
+        model = Model(torch.nn.Linear(2, 2))
+        for x in batches:
+            model.optimize(x)
+        """).replace("\n", "\n    "))).new_source
+    assert new.count("torch_xla.sync()") == 1
+    assert "    model.optimize(x)\n    torch_xla.sync()" in new
+
+
+DECODE = """
+    import torch
+    class GPT(torch.nn.Module):
+        pass
+    device = torch.device("cuda")
+    model = GPT().to(device)
+    y = model.generate(x, 500, do_sample=True)[0]
+    LINE
+    """
+
+
+@pytest.mark.parametrize("line, ported", [
+    # minGPT's chargpt: one graph per position and a transfer per token on XLA
+    ("completion = ''.join([itos[int(i)] for i in y])", True),
+    ("total = sum(float(v) for v in y if v.item() > 0)", True),
+    ("for t in y:\n        print(t.item())", True),
+    ("pairs = {int(i): i.tolist() for i in y}", True),
+    ("for t in y:\n        t.add_(1)", False),  # a device op on each element
+    ("out = [int(i) + i for i in y]", False),  # one use stays a tensor
+    ("out = [int(i) for i in y for j in range(2)]", False),  # nested: left
+    ("for t in y:\n        n = int(t)\n    else:\n        pass", False),
+])
+def test_a_tensor_read_element_by_element_is_iterated_on_the_host(line, ported):
+    migration = migrate(DECODE.replace("LINE", line))
+    new = migration.new_source
+    assert ("_tensor_on_host(y)" in new) == ported, new
+    assert ("TPU506" in _codes(migration)) == ported
+    if ported:
+        assert migrate(new).new_source == new  # ported once
+        compile(new, "train.py", "exec")
+
+
+def test_a_list_iterated_with_int_is_not_a_tensor_read():
+    new = migrate("""
+        import torch
+        device = torch.device("cuda")
+        ids = [1, 2, 3]
+        names = [itos[int(i)] for i in ids]
+        """).new_source
+    assert "_tensor_on_host" not in new
+
+
+def test_the_host_copy_gives_the_same_values():
+    namespace: dict = {}
+    from tpukit.migrate import helpers
+
+    exec("import torch\n" + helpers.SOURCES["_tensor_on_host"], namespace)
+    on_host = namespace["_tensor_on_host"]
+    import torch
+
+    y = torch.tensor([3, 1, 2])
+    assert [int(i) for i in on_host(y)] == [int(i) for i in y]
+    assert on_host([1, 2]) == [1, 2]
+
+
+LOADS = """
+    import torch
+    class Loader:
+        def __init__(self, path):
+            data = torch.load(path, map_location=torch.device("cuda"))
+            self.images, self.labels, self.classes = data["images"], data["labels"], data["classes"]
+    def resume(model, path):
+        ckpt = torch.load(path, map_location="cuda")
+        model.load_state_dict(ckpt["model"])
+        return ckpt["epoch"]
+    def load(path):
+        return torch.load(path, map_location="cuda")
+    """
+
+
+@pytest.mark.parametrize("options, device", [(XLA, "torch_xla.device()"),
+                                             (TPU, '"tpu"')])
+def test_data_torch_load_put_on_cuda_is_moved_to_the_device_after_loading(options, device):
+    # airbench's CifarLoader: the dataset's tensors loaded onto the GPU and used there
+    new = migrate(LOADS, options).new_source
+    assert (f'data = _tensors_to(torch.load(path, map_location="cpu"), {device})') in new
+    assert 'ckpt = torch.load(path, map_location="cpu")\n' in new  # a checkpoint: the CPU
+    assert 'return torch.load(path, map_location="cpu")\n' in new  # read whole: the CPU
+    assert migrate(new, options).new_source == new
+
+
+def test_the_moved_data_keeps_its_containers():
+    from tpukit.migrate import helpers
+    import torch
+
+    namespace: dict = {}
+    exec("import torch\n" + helpers.SOURCES["_tensors_to"], namespace)
+    loaded = {"images": torch.ones(2, 3), "pairs": [(torch.zeros(1), "a")], "classes": ["x"]}
+    moved = namespace["_tensors_to"](loaded, torch.device("meta"))
+    assert moved["images"].device.type == "meta" and moved["pairs"][0][0].device.type == "meta"
+    assert moved["pairs"][0][1] == "a" and moved["classes"] == ["x"]
+    assert isinstance(moved["pairs"][0], tuple)

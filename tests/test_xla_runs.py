@@ -119,3 +119,33 @@ def test_a_ported_sampler_draws_the_same_tokens_in_graphs_that_do_not_grow_with_
     assert tail["tail"] == on_cpu["tail"] and tail["greedy"] == on_cpu["greedy"]
     failed = _sampler_run(paths["unported"], 15, tmp_path)
     assert failed.returncode != 0 and "Value out of range" in failed.stderr
+
+
+def _compiles(path, cwd, *args: str) -> tuple[int, str]:
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", RUNNER, str(path), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loss = re.search(r"^final loss: (\S+)$", proc.stdout, re.M)
+    assert loss and math.isfinite(float(loss.group(1))), proc.stdout[-2000:]
+    return int(re.search(r"^XLA_COMPILES (\d+)$", proc.stdout, re.M).group(1)), loss.group(1)
+
+
+@pytest.mark.xla
+def test_a_rollout_that_fills_storage_gets_a_barrier_that_keeps_its_graphs_few(tmp_path):
+    """fixtures/rl_rollout (cleanrl's PPO shape): the rollout writes each step's results into
+    tensors made before it and reads the host once a step. Ported (TPU303 cuts the graph once
+    a rollout step) it compiles fewer graphs than the same port without that one barrier, and
+    its compiles do not grow with the number of iterations."""
+    ported = (FIXTURES / "rl_rollout" / "xla.py").read_text()
+    barrier = "        torch_xla.sync()\n"  # the rollout's, inside the inner loop
+    assert ported.count(barrier) == 1
+    paths = {"ported": tmp_path / "ported.py", "without": tmp_path / "without.py"}
+    paths["ported"].write_text(ported)
+    paths["without"].write_text(ported.replace(barrier, ""))
+    steps = ("--num-steps", "10")
+    ported_2, _ = _compiles(paths["ported"], tmp_path, "--iterations", "2", *steps)
+    ported_4, _ = _compiles(paths["ported"], tmp_path, "--iterations", "4", *steps)
+    without_2, _ = _compiles(paths["without"], tmp_path, "--iterations", "2", *steps)
+    assert ported_4 == ported_2
+    assert ported_2 < without_2

@@ -38,7 +38,7 @@ _ENGINE_KEYS = {"runner": {"fixes"}, "cuda-only-import": {"modules"}}
 _TARGET_KEYS = frozenset({
     "attribute", "at_import", "backend", "before", "bucket_view", "calls", "device_type", "drop",
     "drop_modes", "env", "exported", "expression", "fix", "helper", "imports", "insert", "instead",
-    "internal", "message", "messages", "move_to", "moved", "note", "remove", "rename",
+    "internal", "keep_returned", "message", "messages", "move_to", "moved", "note", "remove", "rename",
     "rendezvous_env", "replace", "skip", "world_size",
 })
 # `[targets.T.calls."torch.cuda.x"]`: one mapped call.

@@ -178,6 +178,26 @@ def _inputs_to_device(module):
     module.register_forward_pre_hook(hook, with_kwargs=True)
     return module
 ''',
+    "_tensors_to": '''
+def _tensors_to(value, device):
+    """What torch.load put on a CUDA device, moved to this one (inserted by tpukit): torch.load
+    cannot map storage onto an XLA or TPU device, so it loads to the CPU and the tensors move
+    here, inside the dicts, lists and tuples that hold them; anything else is as loaded."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return type(value)((k, _tensors_to(v, device)) for k, v in value.items())
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_tensors_to(v, device) for v in value)
+    return value
+''',
+    "_tensor_on_host": '''
+def _tensor_on_host(value):
+    """What a loop reads element by element to the host, copied there at once (inserted by
+    tpukit): iterating a device tensor makes a graph per element and reads each back; its host
+    copy gives the same values. Anything but a tensor is returned as it is."""
+    return value.cpu() if isinstance(value, torch.Tensor) else value
+''',
 }
 for _target, (_name, _) in library_mode.TESTS.items():
     SOURCES[_name] = library_mode.helper_source(_target)
@@ -187,6 +207,8 @@ IMPORTS_OF: dict[str, tuple[str, ...]] = {**{name: () for name, _ in library_mod
                                           "_TpuTensorType": ("torch", "torch_tpu"),
                                           "_XlaTimingEvent": ("xm", "torch_xla"),
                                           "_inputs_to_device": ("torch",),
+                                          "_tensor_on_host": ("torch",),
+                                          "_tensors_to": ("torch",),
                                           "_xla_sync_batchnorm": ("torch", "xm", "xr"),
                                           "_xla_launch_process_count": ("xr",),
                                           "_tpu_launch_process_count": ()}

@@ -11,6 +11,7 @@ def load_transforms() -> None:
         cuda_only,
         devices,
         distributed,
+        element_reads,
         generic,
         grad_mode,
         hot_loop,

@@ -94,6 +94,9 @@ class CheckpointSave(Transform):
         return call.with_changes(args=[*args, keyword_arg("master_only", cst.Name("False"))])
 
 
+DATA_HELPER = "_tensors_to"  # helpers.py: moves what torch.load gave, container by container
+
+
 @transform("TPU305")
 class LoadMapLocation(Transform):
     def leave_Call(self, original: cst.Call, updated: cst.Call):
@@ -115,15 +118,56 @@ class LoadMapLocation(Transform):
             if not (cuda or held):
                 return None
 
+            data = self._loaded_as_data(original)
+
             def build(i=i):
                 args = list(updated.args)
                 args[i] = args[i].with_changes(value=cst.SimpleString('"cpu"'))
-                return updated.with_changes(args=args)
+                call = updated.with_changes(args=args)
+                if not data:
+                    return call
+                self.ctx.helpers_needed.add(DATA_HELPER)
+                self.ctx.need_import("torch")
+                return cst.Call(cst.Name(DATA_HELPER), [
+                    cst.Arg(call, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                    cst.Arg(self.ctx.device_expr())])
 
             where = self.say("held_device") if held else self.say("cuda_device")
-            return self.fix_or_report(
-                value, self.say("map_location", code=self.ctx.short(value), where=where), build)
+            message = self.say("data", code=self.ctx.short(value), where=where) if data else \
+                self.say("map_location", code=self.ctx.short(value), where=where)
+            return self.fix_or_report(value, message, build)
         return None
+
+    def _loaded_as_data(self, call: cst.Call) -> bool:
+        """Is what torch.load gives used as data on the device rather than as a checkpoint?
+        `data = torch.load(path, map_location="cuda")` read only as `data["images"]`, in a scope
+        that loads no state dict (airbench's CifarLoader: the dataset's tensors, used on the
+        GPU as loaded). A checkpoint goes to `load_state_dict`, which copies CPU tensors onto
+        the device; data has no such step, so the port moves it after loading. A result read
+        whole (returned, handed to a function) may be either: it stays on the CPU."""
+        targets = self.ctx.values.assigned_to(call)
+        if len(targets) != 1 or not isinstance(targets[0], cst.Name):
+            return False
+        name, target = targets[0].value, targets[0]
+        scope = self.ctx.functions[-1] if self.ctx.functions else self.ctx.module
+        parents: dict[int, cst.CSTNode] = {}
+        reads = 0
+        for node in walk(scope):
+            for child in node.children:
+                parents[id(child)] = node
+            if (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                    and node.func.attr.value == "load_state_dict"):
+                return False
+        for node in walk(scope):
+            if not isinstance(node, cst.Name) or node.value != name or node is target:
+                continue
+            parent = parents.get(id(node))
+            if isinstance(parent, cst.Attribute) and parent.attr is node:
+                continue
+            if not (isinstance(parent, cst.Subscript) and parent.value is node):
+                return False
+            reads += 1
+        return reads > 0
 
     def _holds_device(self, value: cst.BaseExpression) -> bool:
         """A variable holding the device (`device`, `loc = "cuda:{}".format(gpu)`, a parameter

@@ -72,7 +72,10 @@ class HostSyncInLoop(Transform):
             return None
         func = original.func
         if isinstance(func, cst.Attribute) and func.attr.value in HOST_READS and not original.args:
-            if not self.ctx.qualify(func.value):
+            # `t.cpu().numpy()`: one read, reported at `t.cpu()` (what follows is on the host)
+            inner = func.value
+            if not (isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute)
+                    and inner.func.attr.value in HOST_READS) and not self.ctx.qualify(inner):
                 self._report(original, self.say("copies"))
         elif isinstance(func, cst.Name) and func.value in ("float", "int") and len(original.args) == 1:
             if _tensor(self.ctx, original.args[0].value):

@@ -15,7 +15,7 @@ import libcst as cst
 from tpukit.findings import FixKind, Severity
 from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.context import dotted, find_keyword
-from tpukit.migrate.nodes import first
+from tpukit.migrate.nodes import first, walk
 from tpukit.migrate.guards import scope_moves_to_cuda
 from tpukit.migrate.transforms.base import Transform, transform
 
@@ -225,9 +225,11 @@ class _StepFinder(cst.CSTVisitor):
 
 def _calls_stepping_function(ctx, node: cst.Call) -> bool:
     func = node.func
-    if isinstance(func, cst.Attribute) and ctx.values.self_class.get(id(func)) is not None:
+    if isinstance(func, cst.Attribute) and (ctx.values.self_class.get(id(func)) is not None
+                                            or ctx.values.classes_of(func.value)):
         # `self.train_step(...)`: a method of the class this method is in (its first
-        # parameter, whatever it is called)
+        # parameter, whatever it is called); `model.optimize(x)` of `model = Model(...)`, a
+        # class of this file
         return is_stepping_function(ctx, func.attr.value)
     return isinstance(func, cst.Name) and is_stepping_function(ctx, func.value)
 
@@ -330,6 +332,26 @@ def carries_state(loop: cst.For | cst.While) -> bool:
                     return True
             fresh |= targets
     return False
+
+
+def fills_buffers(ctx, loop: cst.For | cst.While) -> bool:
+    """Does the loop write its iterations' results in place into tensors made before it
+    (`values[step] = value.flatten()`: an RL rollout's storage)? Each write is a pending
+    update of a tensor that outlives the iteration: without a cut, the writes (and the random
+    number state a sampling op advances) pile into the graph of the next host read, a new and
+    longer graph each iteration (cleanrl's PPO: 65 graphs from one line in a rollout)."""
+    bound_inside = set(_target_names(loop.target)) if isinstance(loop, cst.For) else set()
+    writes = []
+    for node in walk(loop.body):
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                bound_inside.update(_target_names(target.target))
+                if isinstance(target.target, cst.Subscript):
+                    writes.append(target.target.value)
+        elif isinstance(node, cst.AugAssign) and isinstance(node.target, cst.Subscript):
+            writes.append(node.target.value)
+    return any(isinstance(buffer, cst.Name) and buffer.value not in bound_inside
+               and K.TENSOR in ctx.values.kinds(buffer) for buffer in writes)
 
 
 def accumulation_backwards(ctx, loop: cst.For | cst.While) -> list[cst.SimpleStatementLine]:
@@ -497,6 +519,8 @@ class StepBarrier(Transform):
         self.after_update: dict[cst.CSTNode, tuple] = {}  # hand update -> (loop, message)
         self.update_at_end: set[cst.CSTNode] = set()  # hand updates elsewhere: body's end
         self.sampling: set[cst.CSTNode] = set()  # no_grad loops that feed results forward
+        self.rollout: set[cst.CSTNode] = set()  # loops that fill tensors made before them
+        self.callers_elsewhere: set[cst.CSTNode] = set()  # step lines of functions no code here calls
         self.no_grad_depth = 0
 
     def _no_grad_decorated(self, node: cst.FunctionDef) -> bool:
@@ -509,6 +533,41 @@ class StepBarrier(Transform):
     def visit_FunctionDef(self, node: cst.FunctionDef):
         if self._no_grad_decorated(node):
             self.no_grad_depth += 1
+        self._step_called_elsewhere(node)
+
+    def _step_called_elsewhere(self, function: cst.FunctionDef) -> None:
+        """A function that is one training step (an optimizer step outside any loop of its
+        own, no barrier) and that nothing in this file names: its callers' loop is in another
+        module, or reaches it through what only the running program knows (pix2pix's
+        `create_model` picks the model's class by a string; train.py's loop calls
+        `model.optimize_parameters()`), so no loop of this port cuts its graph. The step ends
+        with the barrier: after its last optimizer step. Library code's steps are its
+        caller's to cut."""
+        if (self.ctx.library_code or not is_stepping_function(self.ctx, function.name.value)
+                or function.name.value in self._names_used()):
+            return
+        finder = find_steps(self.ctx, function)
+        if finder.has_barrier or not finder.step_lines:
+            return
+        last = finder.step_lines[-1]
+        if any(is_optimizer_step(self.ctx, node) for node in walk(last)):
+            self.after[last] = function
+            self.callers_elsewhere.add(last)
+
+    def _names_used(self) -> set[str]:
+        """Every name this file reads or calls, as a name or an attribute (a definition's own
+        name is not a use)."""
+        def scan() -> set[str]:
+            used, own = set(), set()
+            for node in walk(self.ctx.module):
+                if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+                    own.add(id(node.name))
+                elif isinstance(node, cst.Name) and id(node) not in own:
+                    used.add(node.value)
+                elif isinstance(node, cst.Attribute):
+                    used.add(node.attr.value)
+            return used
+        return self.ctx.memo("names_used", scan)
 
     def leave_FunctionDef(self, original, updated):
         if self._no_grad_decorated(original):
@@ -542,8 +601,11 @@ class StepBarrier(Transform):
                                                             hand_step=self.say("hand_step")))
             elif isinstance(node.body, cst.IndentedBlock):
                 self.update_at_end.add(node)
-        elif self.no_grad_depth and (finder.calls_batch or carries_state(node)):
-            if not finder.calls_batch:
+        elif ((self.no_grad_depth and (finder.calls_batch or carries_state(node)))
+              or (finder.first_host_read is not None and fills_buffers(self.ctx, node))):
+            if not self.no_grad_depth:
+                self.rollout.add(node)
+            elif not finder.calls_batch:
                 self.sampling.add(node)
             body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
             if finder.first_host_read is not None and finder.first_host_read in body:
@@ -599,7 +661,9 @@ class StepBarrier(Transform):
         if original in self.before:
             loop = self.before.pop(original)
             message = (self.say("sampling_before_read", sampling=self.say("sampling"))
-                       if loop in self.sampling else self.say("eval_before_read"))
+                       if loop in self.sampling else
+                       self.say("rollout_before_read", rollout=self.say("rollout"))
+                       if loop in self.rollout else self.say("eval_before_read"))
             return self.fix_or_report(
                 original, message,
                 lambda: cst.FlattenSentinel([
@@ -619,7 +683,8 @@ class StepBarrier(Transform):
             return None
         self.after.pop(original)
         result = self.fix_or_report(
-            original, self.say("step"),
+            original, self.say("step_called_elsewhere") if original in self.callers_elsewhere
+            else self.say("step"),
             lambda: cst.FlattenSentinel([updated, self._sync_line()]),
         )
         return result
@@ -631,7 +696,9 @@ class StepBarrier(Transform):
         elif original in self.at_end:
             self.at_end.discard(original)
             message = (self.say("sampling_at_end", sampling=self.say("sampling"))
-                       if original in self.sampling else self.say("eval_at_end"))
+                       if original in self.sampling else
+                       self.say("rollout_at_end", rollout=self.say("rollout"))
+                       if original in self.rollout else self.say("eval_at_end"))
         else:
             return None
         body = updated.body
