@@ -88,3 +88,32 @@ def test_described_in_words():
                               "doing": "running a graph seen before", "for_s": 2.0})
     assert said == "in the graph barrier at train.py:3 for 2.0 s, running a graph seen before"
     json.dumps(said)
+
+
+def test_near_the_kernels_mapping_limit_the_run_says_so_before_it_aborts(monkeypatch, capsys):
+    # XLA:CPU keeps ~48 memory mappings per compiled graph; at vm.max_map_count LLVM aborts
+    # ("Unable to allocate section memory") and no report would say why: the watcher counts
+    used = activity_module.mappings_in_use()
+    if used is None or activity_module.mapping_limit() is None:
+        pytest.skip("no /proc here")
+    monkeypatch.setattr(activity_module, "MAPPINGS_EVERY_S", 0.0)
+    monkeypatch.setattr(activity_module, "mapping_limit", lambda: int(used / 0.9))
+    activity = Activity()
+    writes = []
+    activity.watch(lambda: writes.append(activity.mappings))
+    try:
+        assert _wait_for(lambda: writes)
+    finally:
+        activity.stop()
+    assert writes[0]["limit"] == int(used / 0.9) and writes[0]["mappings"] >= used * 0.95
+    assert "memory mappings the kernel allows one process" in capsys.readouterr().err
+
+
+def test_far_from_the_mapping_limit_nothing_is_said(monkeypatch):
+    monkeypatch.setattr(activity_module, "MAPPINGS_EVERY_S", 0.0)
+    monkeypatch.setattr(activity_module, "mapping_limit", lambda: 10**9)
+    activity = Activity()
+    activity.watch(None)
+    time.sleep(1.5)
+    activity.stop()
+    assert activity.mappings is None

@@ -510,11 +510,11 @@ def test_a_package_installed_outside_the_interpreter_is_not_the_user_s_code(tmp_
     assert is_user_file(str(deps / "mine" / "model.py"))
 
 
-def test_xla_cpu_gets_the_compile_flags_and_a_tpu_never_does(monkeypatch):
-    from tpukit.run import command
+def test_xla_cpu_gets_the_compile_flags_and_a_tpu_never_does():
+    # the setting benchmarks/xla_cpu_compile.py measured (LLVM -O0: 0.43x-0.55x of the time to
+    # the first step on dcgan and ResNet-18, the same losses)
     from tpukit.run.command import xla_cpu_compile_flags
 
-    monkeypatch.setattr(command, "XLA_CPU_FLAGS", ("--xla_backend_optimization_level=0",))
     cpu = {"PJRT_DEVICE": "CPU", "XLA_FLAGS": "--xla_dump_to=/tmp/d"}
     assert xla_cpu_compile_flags(cpu) == "--xla_backend_optimization_level=0"
     assert cpu["XLA_FLAGS"] == "--xla_dump_to=/tmp/d --xla_backend_optimization_level=0"

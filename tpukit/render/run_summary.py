@@ -107,6 +107,8 @@ def print_summary(summary: dict, stream) -> None:
         ("wall time", f"{summary['wall_s']:.2f} s"),
         ("where it went", _shares_text(summary)),
     ]
+    if summary.get("mappings"):
+        rows.insert(1, ("memory mappings", run_summary_type.describe_mappings(summary["mappings"])))
     for key, label in (("in_progress", "in progress"), ("stopped_in", "stopped in")):
         if summary.get(key):
             rows.insert(1, (label, run_summary_type.describe_activity(summary[key])))

@@ -106,8 +106,12 @@ def _head_dim_finding(site: AttentionSite, d: int, padded: int, width: int, gene
     # at the user line that called it.
     own_class = site.class_at if site.class_at and is_user_file(site.class_at[0]) else None
     at = own_class or site.call_at or site.class_at or (script, 1)
+    fix = {"pad": f"pad q, k and v to head dim {padded} (the snippet) and slice the output back",
+           "wider_heads": (f"for a model trained from scratch, use {wide['heads']} heads of "
+                           f"{wide['head_dim']}" if wide else ""),
+           "leave": "none: padding costs more than it gains"}[advice]
     return finding("TPU705", message, at, tpu_generation=generation, generation_assumed=assumed,
-                   site=site.to_dict(), snippet=snippet, recommendation=advice, **n)
+                   site=site.to_dict(), snippet=snippet, recommendation=advice, fix=fix, **n)
 
 
 def recommendation(numbers: dict) -> str:
@@ -199,7 +203,7 @@ def _bucket_finding(steps: list[Step], axis: dict, budget: int, script: str) -> 
         "budget": budget, "buckets": buckets, "compiles_with_buckets": len(buckets),
         "padding_overhead": round(overhead, 4), "powers_of_two": powers,
         "powers_of_two_overhead": round(powers_overhead, 4),
-        "by_budget": table, "snippet": snippet,
+        "by_budget": table, "snippet": snippet, "fix": how,
     }
     return finding("TPU706", message, origin or steps[0].boundary_at or (script, 1), **extra)
 

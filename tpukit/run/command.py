@@ -69,12 +69,15 @@ def choose_device(env: dict) -> str | None:
     return "tpukit: no TPU here: running on XLA:CPU (set PJRT_DEVICE to choose)"
 
 
-# Flags for XLA:CPU's compiler, added where PJRT_DEVICE is CPU only (never on a TPU). None
-# yet: benchmarks/xla_cpu_compile.py (2026-12-04, one round on contended cores, same losses)
-# measured LLVM -O0 (`--xla_backend_optimization_level=0`) at 0.80-0.86 of the default's time
-# to first step on dcgan and vae but 1.05 on the CIFAR tutorial CNN and 1.17 on ResNet-18: no
-# consistent gain, so the default stays until a run on quiet cores shows one.
-XLA_CPU_FLAGS: tuple[str, ...] = ()
+# Flags for XLA:CPU's compiler, added where PJRT_DEVICE is CPU only (never on a TPU): XLA:CPU is
+# a smoke test, where the time to the first steps is what counts. benchmarks/xla_cpu_compile.py
+# (2026-12-05, 3 rounds, OMP_NUM_THREADS=1, medians): LLVM -O0 took the compile seconds of dcgan
+# 37.3 -> 11.2 s, ResNet-18 (examples-imagenet) 19.0 -> 5.1, nanoGPT 4.6 -> 1.6; time to the
+# end of the first step 0.43x, 0.55x and 1.07x (nanoGPT's first step is mostly not compiling);
+# the same first losses in every run; steady steps 1.2x-1.6x slower (a long XLA:CPU run can
+# set TPUKIT_XLA_CPU_FLAGS=0). XLA's cheaper LLVM passes (`--xla_llvm_disable_expensive_passes`)
+# were slower than the default on dcgan and nanoGPT in the same benchmark: not used.
+XLA_CPU_FLAGS: tuple[str, ...] = ("--xla_backend_optimization_level=0",)
 
 
 def xla_cpu_compile_flags(env: dict) -> str | None:
@@ -166,7 +169,11 @@ def run_command(request: RunRequest) -> int:
     if notice:
         print(notice, file=sys.stderr, flush=True)
     if "torch_xla" not in sys.modules:  # XLA_FLAGS is read when torch_xla starts its runtime
-        xla_cpu_compile_flags(os.environ)
+        added = xla_cpu_compile_flags(os.environ)
+        if added:
+            print(f"tpukit: XLA:CPU compiles with {added}: graphs compile about 3x faster, steps "
+                  "run up to 1.6x slower (TPUKIT_XLA_CPU_FLAGS=0 keeps XLA's default)",
+                  file=sys.stderr, flush=True)
 
     from tpukit.run.debuglog import DebugLog
 
@@ -342,6 +349,7 @@ def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda
         suppressed=suppressed,
         in_progress=probe.activity.in_progress() if partial else None,
         stopped_in=probe.activity.stopped_in,
+        mappings=probe.activity.mappings,
     )
     return Report("run", kept, [], summary, summary_line(summary.to_dict()),
                   show_applied=True, excerpts=True), failed

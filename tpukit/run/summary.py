@@ -68,6 +68,8 @@ class RunSummary:
     # doing, with the signal's name.
     in_progress: dict | None = None
     stopped_in: dict | None = None
+    # The process near the kernel's limit on memory mappings (activity.py): {"mappings", "limit"}
+    mappings: dict | None = None
 
     def to_dict(self) -> dict:
         """The JSON report's `summary` object."""
@@ -137,3 +139,11 @@ def describe_activity(entry: dict) -> str:
     if entry.get("signal"):
         said = f"{entry['signal']} arrived {said}"
     return said
+
+
+def describe_mappings(entry: dict) -> str:
+    return (f"the process holds {entry['mappings']:,} of the {entry['limit']:,} memory mappings "
+            "the kernel allows one process (vm.max_map_count): XLA:CPU keeps about 48 for each "
+            "compiled graph and the process dies at the limit (\"LLVM ERROR: Unable to allocate "
+            "section memory\"); the graphs compiled again and again are the cause (the "
+            "recompile findings), and `sysctl vm.max_map_count=...` only moves the limit")

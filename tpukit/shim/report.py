@@ -13,6 +13,18 @@ def shown(path: str | None) -> str:
     return "?" if path is None else display_path(Path(path))
 
 
+def fix(record: Redirect, ported: str | None = None) -> str | None:
+    """What to change for this call site (the finding's `fix`), None where nothing needs to:
+    code tpukit does not rewrite, which the layer covers on every run."""
+    if record.refused:
+        return "ask `torch.cuda.is_available()` first (False on this host) or remove the call"
+    if not record.in_program:
+        return None
+    if ported or record.literal:
+        return f"run `tpukit migrate {shown(record.path)}`: it ports this line"
+    return "pass the XLA device (e.g. `--device xla`) to say what the program runs on"
+
+
 def message(record: Redirect, ported: str | None = None) -> str:
     """`ported`: the migrate rule that would change the call's line, where the run checked
     the program (TPU704's check): then the program's call is one `tpukit migrate` ports."""
@@ -20,12 +32,12 @@ def message(record: Redirect, ported: str | None = None) -> str:
     text = " ".join(record.code.split())
     calls = f" ({record.count} calls)" if record.count > 1 else ""
     said = f"`{text}` ({record.api})" if text else f"`{record.api}`"
+    change = fix(record, ported)
     if record.refused:
         where = "" if record.in_program or not record.program_path else (
             f" (reached from {shown(record.program_path)}:{record.program_line})")
         return (f"{said} at {site}{where} has no TPU meaning: {record.action}; "
-                "the layer raised instead of CUDA's driver error: ask "
-                "`torch.cuda.is_available()` first (False on this host) or remove the call")
+                f"the layer raised instead of CUDA's driver error: {change}")
     if not record.in_program:
         where = (f"reached from {shown(record.program_path)}:{record.program_line}"
                  if record.program_path else "reached from no line of the program")
@@ -39,8 +51,7 @@ def message(record: Redirect, ported: str | None = None) -> str:
                 f"`tpukit migrate {shown(record.path)}` ports this line: run it (the layer "
                 f"covered for the port here){calls}")
     return (f"{said} in the program got a CUDA device from a value (a "
-            f"command-line option, a config file): {record.action}; pass the XLA device "
-            f"(e.g. `--device xla`) to say what the program runs on{calls}")
+            f"command-line option, a config file): {record.action}; {change}{calls}")
 
 
 def findings(records: list[Redirect], ported: dict | None = None) -> list:
@@ -59,7 +70,7 @@ def findings(records: list[Redirect], ported: dict | None = None) -> list:
                        in_program=record.in_program, literal=record.literal,
                        ported_by=rule,
                        program_path=shown(record.program_path) if record.program_path else None,
-                       program_line=record.program_line))
+                       program_line=record.program_line, fix=fix(record, rule)))
     return out
 
 
