@@ -675,3 +675,49 @@ def test_the_moved_data_keeps_its_containers():
     assert moved["images"].device.type == "meta" and moved["pairs"][0][0].device.type == "meta"
     assert moved["pairs"][0][1] == "a" and moved["classes"] == ["x"]
     assert isinstance(moved["pairs"][0], tuple)
+
+
+@pytest.mark.parametrize("line", [
+    # timm's drop-path rates: a CPU tensor a torch function made, iterated on the host anyway
+    "dpr = [x.item() for x in torch.linspace(0, 0.1, 12)]",
+    "dpr = [x.item() for x in torch.linspace(0, 0.1, 12, device='cpu')]",
+    "dpr = [x.tolist() for x in torch.linspace(0, 0.1, 12).split([4, 8])]",
+    "rates = torch.linspace(0, 0.1, 12)\n    dpr = [x.item() for x in rates]",
+])
+def test_a_tensor_made_on_the_host_is_not_an_element_read(line):
+    new = migrate(DECODE.replace("LINE", line)).new_source
+    assert "_tensor_on_host" not in new
+
+
+def test_a_tensor_made_on_the_device_is_an_element_read():
+    new = migrate(DECODE.replace(
+        "LINE", "dpr = [x.item() for x in torch.linspace(0, 0.1, 12, device=device)]")).new_source
+    assert "_tensor_on_host(torch.linspace(0, 0.1, 12, device=device))" in new
+
+
+def test_a_dunder_step_method_gets_no_barrier_of_its_own():
+    # timm's NativeScaler.__call__ steps the optimizer; its caller's loop has the barrier
+    new = migrate(STEP_METHOD.replace("def optimize(self, x)", "def __call__(self, x)")
+                  .replace("CALLER", "")).new_source
+    assert "torch_xla.sync()" not in new
+
+
+def test_a_write_in_a_nested_loop_is_the_nested_loops():
+    # cleanrl: the iteration loop holds the rollout loop and reads the host after it
+    new = migrate("""
+        import numpy as np
+        import torch
+        device = torch.device("cuda")
+        net = torch.nn.Linear(4, 2).to(device)
+        values = torch.zeros((8, 2)).to(device)
+        x = torch.zeros((2, 4)).to(device)
+        for it in range(3):
+            for step in range(8):
+                with torch.no_grad():
+                    v = net(x)
+                values[step] = v.flatten()[:2]
+                a = v.cpu().numpy()
+            print(values.cpu().numpy())
+        """).new_source
+    assert new.count("torch_xla.sync()") == 1, new
+    assert "        torch_xla.sync()\n        a = v.cpu().numpy()" in new

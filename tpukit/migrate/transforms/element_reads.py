@@ -15,7 +15,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tpukit.migrate.analysis import catalog as K
-from tpukit.migrate.nodes import walk
+from tpukit.migrate.nodes import is_cpu_device, walk
 from tpukit.migrate.transforms.base import Transform, transform
 
 HELPER = "_tensor_on_host"  # helpers.py
@@ -58,9 +58,37 @@ class ElementReads(Transform):
                 return False
         return reads > 0
 
+    def _made_on_host(self, expr: cst.BaseExpression) -> bool:
+        """A tensor a torch function makes on the CPU: no `device=`, or a CPU one
+        (`torch.linspace(0, rate, depth)`, `.split(...)` of it, timm's drop-path rates):
+        iterating it reads no device. A name: every value assigned to it is made so."""
+        if isinstance(expr, cst.Name):
+            assigned = [getattr(b, "value", None) for b in self.ctx.values.bindings(expr)]
+            return bool(assigned) and all(v is not None and not isinstance(v, cst.Name)
+                                          and self._made_on_host(v) for v in assigned)
+        while True:
+            if isinstance(expr, cst.Subscript):
+                expr = expr.value
+            elif (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)
+                  and not (self.ctx.values.qualified(expr.func) or "").startswith("torch.")):
+                if expr.func.attr.value in ("to", "cuda"):
+                    return False  # moved: wherever it was made
+                expr = expr.func.value  # `.split(...)`, `.flip(0)`: where its receiver is
+            else:
+                break
+        if not (isinstance(expr, cst.Call)
+                and (self.ctx.values.qualified(expr.func) or "").startswith("torch.")):
+            return False
+        device = next((a.value for a in expr.args
+                       if a.keyword is not None and a.keyword.value == "device"), None)
+        return device is None or is_cpu_device(device)
+
     def _likely_tensor(self, expr: cst.BaseExpression) -> bool:
         """A tensor by the dataflow, or what a model's method gives (`model.generate(x)[0]`:
-        a method of an nn.Module, the module's class maybe in another file)."""
+        a method of an nn.Module, the module's class maybe in another file); not one a torch
+        function made on the CPU."""
+        if self._made_on_host(expr):
+            return False
         if K.TENSOR in self.ctx.values.kinds(expr):
             return True
         for binding in ([expr] if not isinstance(expr, cst.Name) else

@@ -334,6 +334,19 @@ def carries_state(loop: cst.For | cst.While) -> bool:
     return False
 
 
+def _own_statements(body: cst.CSTNode):
+    """`body` and what it contains, without the bodies of loops and functions nested in it
+    (their writes are theirs: each loop is judged on its own)."""
+    stack = [body]
+    while stack:
+        node = stack.pop()
+        yield node
+        if node is not body and isinstance(node, (cst.For, cst.While, cst.FunctionDef,
+                                                   cst.ClassDef, cst.Lambda)):
+            continue
+        stack.extend(reversed(node.children))
+
+
 def fills_buffers(ctx, loop: cst.For | cst.While) -> bool:
     """Does the loop write its iterations' results in place into tensors made before it
     (`values[step] = value.flatten()`: an RL rollout's storage)? Each write is a pending
@@ -342,7 +355,7 @@ def fills_buffers(ctx, loop: cst.For | cst.While) -> bool:
     longer graph each iteration (cleanrl's PPO: 65 graphs from one line in a rollout)."""
     bound_inside = set(_target_names(loop.target)) if isinstance(loop, cst.For) else set()
     writes = []
-    for node in walk(loop.body):
+    for node in _own_statements(loop.body):
         if isinstance(node, cst.Assign):
             for target in node.targets:
                 bound_inside.update(_target_names(target.target))
@@ -543,8 +556,11 @@ class StepBarrier(Transform):
         `model.optimize_parameters()`), so no loop of this port cuts its graph. The step ends
         with the barrier: after its last optimizer step. Library code's steps are its
         caller's to cut."""
-        if (self.ctx.library_code or not is_stepping_function(self.ctx, function.name.value)
-                or function.name.value in self._names_used()):
+        name = function.name.value
+        if name.startswith("__") and name.endswith("__"):
+            return  # Python calls it through syntax (`scaler(loss, opt)`), not by its name
+        if (self.ctx.library_code or not is_stepping_function(self.ctx, name)
+                or name in self._names_used()):
             return
         finder = find_steps(self.ctx, function)
         if finder.has_barrier or not finder.step_lines:
