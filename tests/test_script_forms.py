@@ -721,3 +721,22 @@ def test_a_write_in_a_nested_loop_is_the_nested_loops():
         """).new_source
     assert new.count("torch_xla.sync()") == 1, new
     assert "        torch_xla.sync()\n        a = v.cpu().numpy()" in new
+
+
+def test_a_rollout_under_no_grad_is_said_to_be_one():
+    migration = migrate("""
+        import numpy as np
+        import torch
+        device = torch.device("cuda")
+        net = torch.nn.Linear(4, 2).to(device)
+        values = torch.zeros((8, 2)).to(device)
+        x = torch.zeros((2, 4)).to(device)
+        with torch.no_grad():
+            for step in range(8):
+                v = torch.rand(2, 2, device=device)
+                values[step] = v.flatten()[:2]
+                a = v.cpu().numpy()
+                x = torch.Tensor(np.ones((2, 4)) * a.sum()).to(device)
+        """)
+    said = [f.message for f in migration.findings if f.code == "TPU303"]
+    assert len(said) == 1 and "a rollout's storage" in said[0], migration.new_source

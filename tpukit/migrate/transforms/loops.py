@@ -617,10 +617,11 @@ class StepBarrier(Transform):
                                                             hand_step=self.say("hand_step")))
             elif isinstance(node.body, cst.IndentedBlock):
                 self.update_at_end.add(node)
-        elif ((self.no_grad_depth and (finder.calls_batch or carries_state(node)))
+        elif ((sampled := bool(self.no_grad_depth
+                               and (finder.calls_batch or carries_state(node))))
               or (finder.first_host_read is not None and fills_buffers(self.ctx, node))):
-            if not self.no_grad_depth:
-                self.rollout.add(node)
+            if not sampled:
+                self.rollout.add(node)  # a rollout's storage, under no_grad or not
             elif not finder.calls_batch:
                 self.sampling.add(node)
             body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
