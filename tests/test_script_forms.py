@@ -517,13 +517,15 @@ def test_a_data_parallel_wrapper_its_function_returns_is_kept_on_xla():
     assert "nn.DataParallel(" not in code and code.count("return net\n") == 2
 
 
-ROLLOUT = """
+ROLLOUT_SETUP = """
     import numpy as np
     import torch
     device = torch.device("cuda")
     net = torch.nn.Linear(4, 2).to(device)
     values = torch.zeros((8, 2)).to(device)
     x = torch.zeros((2, 4)).to(device)
+"""
+ROLLOUT = ROLLOUT_SETUP + """
     for step in range(8):
         with torch.no_grad():
             v = net(x)
@@ -704,39 +706,27 @@ def test_a_dunder_step_method_gets_no_barrier_of_its_own():
 
 def test_a_write_in_a_nested_loop_is_the_nested_loops():
     # cleanrl: the iteration loop holds the rollout loop and reads the host after it
-    new = migrate("""
-        import numpy as np
-        import torch
-        device = torch.device("cuda")
-        net = torch.nn.Linear(4, 2).to(device)
-        values = torch.zeros((8, 2)).to(device)
-        x = torch.zeros((2, 4)).to(device)
-        for it in range(3):
-            for step in range(8):
-                with torch.no_grad():
-                    v = net(x)
-                values[step] = v.flatten()[:2]
-                a = v.cpu().numpy()
-            print(values.cpu().numpy())
+    new = migrate(ROLLOUT_SETUP + """
+    for it in range(3):
+        for step in range(8):
+            with torch.no_grad():
+                v = net(x)
+            values[step] = v.flatten()[:2]
+            a = v.cpu().numpy()
+        print(values.cpu().numpy())
         """).new_source
     assert new.count("torch_xla.sync()") == 1, new
     assert "        torch_xla.sync()\n        a = v.cpu().numpy()" in new
 
 
 def test_a_rollout_under_no_grad_is_said_to_be_one():
-    migration = migrate("""
-        import numpy as np
-        import torch
-        device = torch.device("cuda")
-        net = torch.nn.Linear(4, 2).to(device)
-        values = torch.zeros((8, 2)).to(device)
-        x = torch.zeros((2, 4)).to(device)
-        with torch.no_grad():
-            for step in range(8):
-                v = torch.rand(2, 2, device=device)
-                values[step] = v.flatten()[:2]
-                a = v.cpu().numpy()
-                x = torch.Tensor(np.ones((2, 4)) * a.sum()).to(device)
+    migration = migrate(ROLLOUT_SETUP + """
+    with torch.no_grad():
+        for step in range(8):
+            v = torch.rand(2, 2, device=device)
+            values[step] = v.flatten()[:2]
+            a = v.cpu().numpy()
+            x = torch.Tensor(np.ones((2, 4)) * a.sum()).to(device)
         """)
     said = [f.message for f in migration.findings if f.code == "TPU303"]
     assert len(said) == 1 and "a rollout's storage" in said[0], migration.new_source

@@ -128,6 +128,19 @@ def walk(*nodes: cst.CSTNode):
         stack.extend(reversed(node.children))
 
 
+def name_uses(name: str, *scopes: cst.CSTNode):
+    """Each `Name` node spelled `name` in `scopes` (a variable's reads and bindings, an
+    attribute or keyword of that name too: the caller tells them apart), in source order, as
+    (node, parent, grandparent); None above a scope's root."""
+    for scope in scopes:
+        stack = [(scope, None, None)]
+        while stack:
+            node, parent, grandparent = stack.pop()
+            if isinstance(node, cst.Name) and node.value == name:
+                yield node, parent, grandparent
+            stack.extend((child, node, parent) for child in reversed(node.children))
+
+
 def first(node: cst.CSTNode, test):
     """The first truthy `test(n)` over `node` and what it contains (in source order), or
     None; the walk stops at the first."""

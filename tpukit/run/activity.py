@@ -42,7 +42,8 @@ def mapping_limit() -> int | None:
     graphs reaches the usual 65,530 and dies in LLVM ("Unable to allocate section memory", an
     abort: no Python code runs after it)."""
     try:
-        return int(open("/proc/sys/vm/max_map_count").read())
+        with open("/proc/sys/vm/max_map_count") as limit:
+            return int(limit.read())
     except (OSError, ValueError):
         return None
 

@@ -8,7 +8,7 @@ import libcst as cst
 from tpukit.findings import FixKind, Severity
 from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.context import is_cuda_device_string, keyword_arg
-from tpukit.migrate.nodes import walk
+from tpukit.migrate.nodes import first, name_uses, walk
 from tpukit.migrate.transforms.base import Transform, transform
 
 # Python's and NumPy's RNG states: tuples.
@@ -148,21 +148,14 @@ class LoadMapLocation(Transform):
         targets = self.ctx.values.assigned_to(call)
         if len(targets) != 1 or not isinstance(targets[0], cst.Name):
             return False
-        name, target = targets[0].value, targets[0]
+        target = targets[0]
         scope = self.ctx.functions[-1] if self.ctx.functions else self.ctx.module
-        parents: dict[int, cst.CSTNode] = {}
+        if first(scope, lambda n: isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
+                 and n.func.attr.value == "load_state_dict"):
+            return False
         reads = 0
-        for node in walk(scope):
-            for child in node.children:
-                parents[id(child)] = node
-            if (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
-                    and node.func.attr.value == "load_state_dict"):
-                return False
-        for node in walk(scope):
-            if not isinstance(node, cst.Name) or node.value != name or node is target:
-                continue
-            parent = parents.get(id(node))
-            if isinstance(parent, cst.Attribute) and parent.attr is node:
+        for node, parent, _ in name_uses(target.value, scope):
+            if node is target or (isinstance(parent, cst.Attribute) and parent.attr is node):
                 continue
             if not (isinstance(parent, cst.Subscript) and parent.value is node):
                 return False

@@ -15,7 +15,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tpukit.migrate.analysis import catalog as K
-from tpukit.migrate.nodes import is_cpu_device, walk
+from tpukit.migrate.nodes import find_keyword, is_cpu_device, name_uses
 from tpukit.migrate.transforms.base import Transform, transform
 
 HELPER = "_tensor_on_host"  # helpers.py
@@ -29,33 +29,22 @@ class ElementReads(Transform):
         """Is every use of the loop variable `name` in `scopes` a read of its value to the host
         (and is there at least one)? An assignment to it, or any other use, says no."""
         reads = 0
-        parents: dict[int, cst.CSTNode] = {}
-        for scope in scopes:
-            for node in walk(scope):
-                for child in node.children:
-                    parents[id(child)] = node
-        for scope in scopes:
-            for node in walk(scope):
-                if not (isinstance(node, cst.Name) and node.value == name):
+        for node, parent, call in name_uses(name, *scopes):
+            if (isinstance(parent, cst.Attribute) and parent.attr is node) or (
+                    isinstance(parent, cst.Arg) and parent.keyword is node):
+                continue  # `x.i`, `f(i=...)`: another name
+            if isinstance(parent, cst.Arg):
+                if (isinstance(call, cst.Call) and isinstance(call.func, cst.Name)
+                        and call.func.value in _CONVERSIONS and len(call.args) == 1
+                        and not self.ctx.values.bindings(call.func)):
+                    reads += 1
                     continue
-                parent = parents.get(id(node))
-                if (isinstance(parent, cst.Attribute) and parent.attr is node) or (
-                        isinstance(parent, cst.Arg) and parent.keyword is node):
-                    continue  # `x.i`, `f(i=...)`: another name
-                if isinstance(parent, cst.Arg):
-                    call = parents.get(id(parent))
-                    if (isinstance(call, cst.Call) and isinstance(call.func, cst.Name)
-                            and call.func.value in _CONVERSIONS and len(call.args) == 1
-                            and not self.ctx.values.bindings(call.func)):
-                        reads += 1
-                        continue
-                if isinstance(parent, cst.Attribute) and parent.value is node:
-                    call = parents.get(id(parent))
-                    if (isinstance(call, cst.Call) and call.func is parent and not call.args
-                            and parent.attr.value in _READ_METHODS):
-                        reads += 1
-                        continue
-                return False
+            if isinstance(parent, cst.Attribute) and parent.value is node:
+                if (isinstance(call, cst.Call) and call.func is parent and not call.args
+                        and parent.attr.value in _READ_METHODS):
+                    reads += 1
+                    continue
+            return False
         return reads > 0
 
     def _made_on_host(self, expr: cst.BaseExpression) -> bool:
@@ -79,9 +68,8 @@ class ElementReads(Transform):
         if not (isinstance(expr, cst.Call)
                 and (self.ctx.values.qualified(expr.func) or "").startswith("torch.")):
             return False
-        device = next((a.value for a in expr.args
-                       if a.keyword is not None and a.keyword.value == "device"), None)
-        return device is None or is_cpu_device(device)
+        device = find_keyword(expr, "device")
+        return device is None or is_cpu_device(device.value)
 
     def _likely_tensor(self, expr: cst.BaseExpression) -> bool:
         """A tensor by the dataflow, or what a model's method gives (`model.generate(x)[0]`:
