@@ -135,7 +135,9 @@ def test_mpdeviceloader_iteration_ends_each_step(fallback_run):
 
 def test_recompiles_from_data_dependent_shapes_point_at_the_fallbacks(fallback_run):
     _, report = fallback_run
-    for finding in by_code(report, "TPU701"):
+    found = by_code(report, "TPU701")
+    assert found
+    for finding in found:
         assert not finding["extra"]["changes"]
         assert "aten::nonzero" in finding["message"]
 
