@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import textwrap
+from pathlib import Path
 
 import libcst as cst
 import pytest
@@ -620,9 +621,38 @@ def test_a_leave_hook_that_undoes_another_rules_edit_is_a_conflict(monkeypatch, 
 
 
 def test_a_later_removal_or_a_statement_list_that_keeps_the_edit_is_not_a_conflict():
-    from tpukit.migrate import engine
+    from tpukit.migrate import rewriter
 
     edit = cst.parse_statement("x = xm.sync()\n")
-    assert not engine._lost([edit], cst.RemovalSentinel.REMOVE)  # same outcome in either order
-    assert not engine._lost([edit], cst.FlattenSentinel([edit, cst.parse_statement("y = 1\n")]))
-    assert engine._lost([edit], cst.FlattenSentinel([cst.parse_statement("x = 2\n")]))
+    assert not rewriter._lost([edit], cst.RemovalSentinel.REMOVE)  # same outcome in either order
+    assert not rewriter._lost([edit], cst.FlattenSentinel([edit, cst.parse_statement("y = 1\n")]))
+    assert rewriter._lost([edit], cst.FlattenSentinel([cst.parse_statement("x = 2\n")]))
+
+
+def _every_node(node: cst.CSTNode):
+    yield node
+    for child in node.children:
+        yield from _every_node(child)
+
+
+def test_children_reads_the_same_nodes_as_libcst_on_the_fixtures_and_torch():
+    import torch
+
+    from tpukit.migrate import nodes
+
+    torch_root = Path(torch.__file__).parent
+    files = sorted(FIXTURES.rglob("*.py")) + sorted((torch_root / "nn").rglob("*.py"))
+    compared = 0
+    for path in files:
+        try:
+            module = cst.parse_module(path.read_bytes())
+        except cst.ParserSyntaxError:
+            continue
+        for node in _every_node(module):
+            expected = node.children
+            found = nodes.children(node)
+            assert len(found) == len(expected) and all(
+                a is b for a, b in zip(found, expected)
+            ), f"{path}: {type(node).__name__}"
+            compared += 1
+    assert compared > 100_000

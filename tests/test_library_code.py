@@ -49,7 +49,7 @@ def test_integer_literals_of_every_base_are_read(literal, value):
 
 
 def test_a_rule_that_raises_is_reported_at_its_statement(monkeypatch):
-    from tpukit.migrate.transforms import devices
+    from tpukit.migrate.transforms.devices import cuda_method as devices
 
     def broken(self, original, updated):
         raise ValueError("boom")

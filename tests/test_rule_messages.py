@@ -234,7 +234,7 @@ def _literals(paths: list[Path]) -> list[tuple[Path, int, str]]:
 
 
 def _transform_files() -> list[Path]:
-    return sorted(p for p in TRANSFORMS.glob("*.py") if p.name != "__init__.py")
+    return sorted(p for p in TRANSFORMS.rglob("*.py") if p.name != "__init__.py")
 
 
 def test_no_transform_writes_message_text_in_python():

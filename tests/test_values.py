@@ -125,6 +125,23 @@ def test_a_cycle_or_an_unknown_name_knows_nothing():
     assert kinds_of("y = undefined_thing\n", "y") == frozenset()
 
 
+def test_a_global_statement_at_the_top_level_changes_nothing():
+    """`global x` at a module's top level is legal and changes nothing (torch's
+    distributed/c10d_logger.py): looking `x` up ends at the module (it looped for ever)."""
+    import subprocess
+    import sys
+
+    code = ("import libcst as cst\nfrom tpukit.migrate.analysis import catalog as K\n"
+            "from tpukit.migrate.analysis.values import Values\n"
+            "module = cst.parse_module('import torch\\nglobal d\\nd = torch.device(\"cuda\")\\n"
+            "def f():\\n    global d\\n    return d\\n')\n"
+            "values = Values(module)\n"
+            "ret = module.body[3].body.body[1].body[0].value\n"
+            "print(K.DEVICE in values.kinds(ret))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "True", done.stderr
+
+
 def test_names_decide_nothing():
     """The same program under other names has the same kinds."""
     one = """

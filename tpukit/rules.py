@@ -231,6 +231,12 @@ class Rule:
 
 
 def rules_dir() -> Path:
+    return _installed_rules_dir()
+
+
+@lru_cache(maxsize=None)
+def _installed_rules_dir() -> Path:
+    """The rules folder beside the package, found once (every catalog read asks for it)."""
     here = Path(__file__).resolve().parent
     for candidate in (here / "_rules", here.parent / "rules"):
         if candidate.is_dir():

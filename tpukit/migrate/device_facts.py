@@ -23,7 +23,12 @@ DEVICE_CALLS = {
     "torch_xla.core.xla_model.xla_device",
     "torch.accelerator.current_accelerator",
 }
+# The calls that ask whether the CUDA device (or an accelerator) is there.
+AVAILABILITY = frozenset({"torch.cuda.is_available", "torch.accelerator.is_available"})
 
+
+def is_availability_test(ctx, expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Call) and ctx.qualify(expr.func) in AVAILABILITY
 
 
 def is_accelerator_value(ctx, expr: cst.BaseExpression) -> bool:

@@ -17,18 +17,24 @@ import re
 import libcst as cst
 
 from tpukit.findings import FixKind
-from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string, string_value
 from tpukit.migrate.analysis import catalog as K
-from tpukit.migrate.analysis.catalog import cuda_catalog, under
-from tpukit.migrate.analysis.cuda_code import cuda_extensions
-from tpukit.migrate.nodes import first, walk
+from tpukit.migrate.analysis.catalog import cuda_catalog
+from tpukit.migrate.analysis.cuda_only import (
+    CUDA_WORD,
+    cuda_library,
+    cuda_package,
+    imported_modules,
+    is_cuda_only,
+)
+from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string, string_value
+from tpukit.migrate.nodes import children, first, scan, walk
 from tpukit.rules import engine_say, load_rules
 
 
 def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
     """`updated` with the guards of its test put back where what they guard is not ported."""
     found = _GuardUses(ctx.guards)
-    updated.test.visit(found)
+    scan(updated.test, found)
     restore = {}
     # `device.type == "cuda" and not check_cuda_p2p_ib_support()`: the rest of the test is
     # CUDA's too, and runs once the guard is true.
@@ -170,7 +176,7 @@ def _moves(ctx: MigrationContext, scope: cst.CSTNode) -> bool:
         if isinstance(node, (cst.SimpleString, cst.FormattedString)) \
                 and is_cuda_device_string(node):
             return True
-        stack.extend(node.children)
+        stack.extend(children(node))
     return False
 
 
@@ -192,7 +198,6 @@ def _only_moves(ctx: MigrationContext, guarded) -> str | None:
                 and ctx.code(small.value.func.value) == ctx.code(small.targets[0].target)):
             return None  # not a move (`x = x.to(torch.float16)` is a cast)
     return ctx.short(guarded.body[0])
-
 
 # Other vendors' GPUs: `not torch.cuda.is_available() and not torch.xpu.is_available()` asks
 # "is there a GPU" (transformers' AWQ kernels, which are CUDA/XPU only), not "is there an
@@ -291,7 +296,7 @@ def restore_loop(ctx: MigrationContext, updated: cst.For):
     (deepspeed's op builder): a count that decides how often CUDA-only code runs stays CUDA's
     (0 on a TPU: the loop does not run) while its body is CUDA-only."""
     found = _GuardUses(ctx.guards)
-    updated.iter.visit(found)
+    scan(updated.iter, found)
     if not found.uses:
         return updated
     left = residual_cuda(ctx, updated.body)
@@ -309,8 +314,6 @@ def _last_statement(body: cst.BaseSuite):
     return last
 
 
-
-
 def _exits(body: cst.BaseSuite) -> bool:
     return isinstance(_last_statement(body), (cst.Return, cst.Raise, cst.Continue, cst.Break))
 
@@ -322,7 +325,7 @@ def restore_flags(ctx: MigrationContext, updated: cst.Assign):
     if isinstance(updated.value, cst.IfExp):
         return updated  # a value chosen by a test (`device = ... if ... else ...`), not a flag
     found = _GuardUses(ctx.guards)
-    updated.value.visit(found)
+    scan(updated.value, found)
     if not found.uses:
         return updated
     for target in updated.targets:
@@ -348,7 +351,6 @@ def _put_back(ctx: MigrationContext, key: int, left: str, where: str = "",
         where=engine_say("migrate", where, ctx.target, **fields) if where else "",
         then=engine_say("migrate", then, ctx.target))
     return original
-
 
 # What no rule ports (streams, events, graphs, RNG state, NVTX): a flag whose `if` leads to
 # one of these is a CUDA-only guard.
@@ -378,7 +380,7 @@ def _guards_cuda_only(ctx: MigrationContext, name: str) -> str | None:
     nvcc_args.append(...)`, deepspeed's op builder; timm's `if self.is_cuda: torch.cuda.Stream`),
     or None. Read from the code as written: what a rule would port does not count."""
     finder = _FlagReaders(ctx, name)
-    ctx.module.visit(finder)
+    scan(ctx.module, finder)
     return finder.found
 
 
@@ -398,7 +400,7 @@ class _FlagReaders(cst.CSTVisitor):
                 if branch is None or self.found is not None:
                     continue
                 if isinstance(node, cst.IfExp) and isinstance(branch, cst.SimpleString) \
-                        and _cuda_package(string_value(branch)):
+                        and cuda_package(string_value(branch)):
                     # `"onnxruntime-gpu" if cuda else "onnxruntime"`: the flag picks a GPU build
                     self.found = branch.value
                 else:
@@ -411,7 +413,7 @@ class _FlagReaders(cst.CSTVisitor):
 def _unported_cuda(ctx: MigrationContext, node: cst.CSTNode) -> str | None:
     """The first CUDA-only thing in code as written that no rule ports, or None."""
     finder = _UnportedCuda(ctx)
-    node.visit(finder)
+    scan(node, finder)
     return finder.found
 
 
@@ -437,17 +439,17 @@ class _UnportedCuda(cst.CSTVisitor):
             return False
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
                 and node.func.attr.value == "cuda":
-            node.func.value.visit(self)  # `.cuda()` is ported; what it is called on may not be
+            scan(node.func.value, self)  # `.cuda()` is ported; what it is called on may not be
             for arg in node.args:
-                arg.visit(self)
+                scan(arg, self)
             return False
         if isinstance(node, cst.Call) and node.args and self._torch_cuda_keyword(node):
             return False
         if isinstance(node, (cst.Import, cst.ImportFrom)):
             # torch's own CUDA APIs (`CUDAExtension`) and CUDA-only libraries; a module of the
             # program is not CUDA's for what it is called
-            hit = next((n for n in _imported(node, full=True) if
-                        cuda_catalog().cuda_torch_name(n) or _cuda_only(n)), None)
+            hit = next((n for n in imported_modules(node, full=True) if
+                        cuda_catalog().cuda_torch_name(n) or is_cuda_only(n)), None)
             if hit is not None:
                 self.found = f"import {hit}"  # `from torch.utils.cpp_extension import CUDAExtension`
             return False
@@ -457,7 +459,7 @@ class _UnportedCuda(cst.CSTVisitor):
                 if unported_cuda_call(self.ctx.target, name):
                     self.found = cuda_catalog().cuda_only_torch_api(name)
                 return False  # anything else under torch.cuda has a rule
-            if name is not None and (_cuda_only(name) or cuda_catalog().cuda_torch_name(name)):
+            if name is not None and (is_cuda_only(name) or cuda_catalog().cuda_torch_name(name)):
                 self.found = self.ctx.short(node)  # an imported CUDA name: CUDAExtension
                 return False
             # A local's own name (`cuda_kwargs`, `use_cuda`) says nothing about what it holds.
@@ -500,7 +502,7 @@ def residual_cuda(ctx: MigrationContext, node: cst.CSTNode, strings: bool = Fals
     `strings`, any string that says gpu or cuda; with `half`, torch.float16, which code a
     guard decides picks because a GPU is there), or None."""
     finder = _ResidualCuda(ctx, strings, half)
-    node.visit(finder)
+    scan(node, finder)
     return finder.found
 
 
@@ -536,14 +538,14 @@ class _ResidualCuda(cst.CSTVisitor):
             # float16 chosen because a GPU is there (transformers' AQLM quantizer: "CUDA
             # available. ... loading the model in torch.float16"): a TPU computes in bfloat16
             half = self.half and name in _HALF
-            if name == "torch.cuda" or name.startswith("torch.cuda.") or _cuda_library(name) \
+            if name == "torch.cuda" or name.startswith("torch.cuda.") or cuda_library(name) \
                     or pinned or half:
                 self.found = self.ctx.short(node)
                 return False
         elif isinstance(node, (cst.Import, cst.ImportFrom)):
             modules = ([dotted(node.module) or ""] if isinstance(node, cst.ImportFrom)
                        else [dotted(a.name) or "" for a in node.names])
-            hit = next((m for m in modules if _cuda_library(m)), None)
+            hit = next((m for m in modules if cuda_library(m)), None)
             if hit is not None:
                 self.found = f"import {hit}"  # `import fla`, `from apex import amp`
             return False
@@ -553,9 +555,9 @@ class _ResidualCuda(cst.CSTVisitor):
             self.found = self.ctx.code(node).strip()
             return False
         elif isinstance(node, cst.SimpleString) and id(node) not in self.compared and (
-                is_cuda_device_string(node) or _CUDA_WORD.match(string_value(node) or "")
-                or _cuda_library(string_value(node) or "")
-                or (self.strings and _cuda_package(string_value(node)))):
+                is_cuda_device_string(node) or CUDA_WORD.match(string_value(node) or "")
+                or cuda_library(string_value(node) or "")
+                or (self.strings and cuda_package(string_value(node)))):
             # a CUDA-only distribution ("onnxruntime-gpu") or package by its exact name
             # (transformers' `_is_package_available("mamba_ssm")` under a CUDA test); what a
             # message says ("Launching training on one GPU.") decides nothing
@@ -564,6 +566,7 @@ class _ResidualCuda(cst.CSTVisitor):
 
 
 _HALF = frozenset({"torch.float16", "torch.half"})
+
 _INDEX = re.compile(r"[0-9]+(?:,[0-9]+)*\Z")  # "0", "0,1": CUDA device indices
 
 
@@ -580,112 +583,3 @@ def _is_device_index(ctx: MigrationContext, node: cst.Assign) -> bool:
     if value is None or not _INDEX.match(value):
         return False
     return any(ctx.values.used_as_device_string(t.target) for t in node.targets)
-_CUDA_WORD = re.compile(r"(?:cuda|nccl)\Z", re.I)  # BNB_BACKEND = "CUDA", backend = "nccl"
-
-
-def cuda_only_function(node: cst.FunctionDef, ctx: MigrationContext | None = None) -> str | None:
-    """Why a function is CUDA-only code, which tpukit does not rewrite (its findings stay for
-    a person): it is a module's own `cuda()` method (an override of `nn.Module.cuda`), its
-    body imports a CUDA-only library (TensorRT calibration, a triton kernel's launcher), or, in
-    library code, it picks among other vendors' devices (`_vendor_dispatch`). What it is
-    called says nothing."""
-    why = _overrides_cuda(node, ctx) or _importing(node)
-    if why is None and ctx is not None and ctx.owner_leaves("guards", "vendor_dispatch"):
-        why = ctx.memo(("vendor_dispatch", id(node)), lambda: _vendor_dispatch(ctx, node))
-    return why
-
-
-def _overrides_cuda(node: cst.FunctionDef, ctx: MigrationContext | None) -> str | None:
-    """A class's `cuda` method: what `module.cuda()` runs (torch's API name, not a spelling)."""
-    if ctx is None or node.name.value != "cuda" or id(node) not in ctx.values.method_of:
-        return None
-    return engine_say("migrate", "why_named_cuda", name=node.name.value)
-
-
-def _vendor_dispatch(ctx: MigrationContext, node: cst.FunctionDef) -> str | None:
-    """Library code that picks among vendors: a function that names another vendor's device
-    (`torch.xpu`, `torch.device("npu")`) beside CUDA. DeepSpeed's `get_accelerator` asks
-    `torch.cuda.device_count() == 0` before it looks for an XPU: as a count of XLA devices it
-    started the runtime in the launcher; accelerate's `default_device` returns the CPU on a TPU
-    host (its XLA path sets the device elsewhere). The library supports the devices it names;
-    XLA's support, if it has any, is its own code."""
-    def other(n: cst.CSTNode) -> str | None:
-        if isinstance(n, cst.SimpleString) and string_value(n) in cuda_catalog().other_device_types:
-            return n.value
-        if isinstance(n, cst.Attribute):
-            name = ctx.qualify(n)
-            if cuda_catalog().other_gpu(name):
-                return ctx.short(n)
-        return None
-    said = first(node.body, other)
-    if said is None:
-        return None
-    return engine_say("migrate", "why_vendor_dispatch", name=node.name.value, other=said)
-
-
-def _importing(node: cst.FunctionDef) -> str | None:
-    body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
-    for stmt in body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            modules = ([dotted(small.module) or ""] if isinstance(small, cst.ImportFrom)
-                       and not small.relative else [dotted(a.name) or "" for a in small.names]
-                       if isinstance(small, cst.Import) else [])
-            for module in modules:
-                if _cuda_library(module):
-                    return engine_say("migrate", "why_imports_cuda", name=node.name.value,
-                                      module=module)
-    return None
-
-
-def cuda_only_try(node: cst.Try, path: str = "") -> str | None:
-    """Why a `try:` block is CUDA-only code: it starts by importing a CUDA extension (one the
-    package's build script builds with torch's CUDAExtension: fairscale's `try: from
-    fairscale import fused_adam_cuda` around its FusedAdam, which an ImportError hides where
-    there is no CUDA), a CUDA-only library or torch's CUDA API, or None."""
-    extensions = cuda_extensions(path)
-    opening = node.body.body[0] if isinstance(node.body, cst.IndentedBlock) and node.body.body \
-        else None
-    imports = opening.body if isinstance(opening, cst.SimpleStatementLine) else ()
-    for small in imports:
-        if not isinstance(small, (cst.Import, cst.ImportFrom)):
-            continue
-        for name in _imported(small, full=True):
-            if name in extensions or _cuda_library(name) or cuda_catalog().cuda_torch_name(name):
-                return engine_say("migrate", "why_try_imports_cuda", name=name)
-    return None
-
-
-def _imported(node: cst.Import | cst.ImportFrom, full: bool = False) -> list[str]:
-    """What an import names: its module (from-imports) and each name it binds (not `*`);
-    with `full`, a from-import's names under their module (`torch.utils.cpp_extension.
-    CUDAExtension`)."""
-    module = dotted(node.module) or "" if isinstance(node, cst.ImportFrom) else ""
-    names = [module] if isinstance(node, cst.ImportFrom) else []
-    if not isinstance(node.names, cst.ImportStar):
-        prefix = f"{module}." if full and module else ""
-        names += [prefix + (dotted(a.name) or "") for a in node.names]
-    return names
-
-
-def _cuda_package(value: str | None) -> bool:
-    """A string that is the exact name of a CUDA-only distribution (rules/catalog/cuda.toml)."""
-    return value is not None and value in cuda_catalog().cuda_only_packages
-
-
-def _cuda_library(name: str) -> bool:
-    """A module only a CUDA machine has (rules/catalog/cuda.toml, the TPU9xx rules' modules)."""
-    return cuda_catalog().cuda_only_library(name)
-
-
-def _cuda_only(name: str) -> bool:
-    """A module a TPU9xx rule flags (its own finding says what to use instead)."""
-    return bool(name) and under(name, cuda_only_modules())
-
-
-@functools.cache
-def cuda_only_modules() -> tuple[str, ...]:
-    """The modules the CUDA-only-library rules (TPU9xx) name."""
-    return tuple(m for rule in load_rules().values()
-                 if rule.extra.get("engine") == "cuda-only-import" for m in rule.extra["modules"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tpukit.migrate.nodes import scan
 from tpukit.rules import engine_say
 
 
@@ -25,9 +26,9 @@ def import_time_functions(module: cst.Module) -> dict[str, str]:
             continue
         if isinstance(stmt, cst.FunctionDef):
             for part in (*stmt.decorators, stmt.params):  # evaluated where the def is
-                part.visit(calls)
+                scan(part, calls)
         else:
-            stmt.visit(calls)
+            scan(stmt, calls)
     found = {name: engine_say("migrate", "why_called_at_import", name=name) for name in calls.names}
     for name, node in defs.items():
         if name not in found and _applies_a_decorator(node):
@@ -83,7 +84,7 @@ class _Calls(cst.CSTVisitor):
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         for part in (*node.decorators, node.params):
-            part.visit(self)
+            scan(part, self)
         return False  # a nested def's body runs when it is called
 
     def visit_Lambda(self, node: cst.Lambda) -> bool:

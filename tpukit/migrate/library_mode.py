@@ -15,7 +15,7 @@ changed header test (`if`, `while`, a `for`'s iterable, a `with`'s items) become
 `(ported if _tpukit_on_xla() else written)`. A definition's header (defaults, decorators,
 bases) runs when the module is imported, before a program can have imported torch_xla: it
 stays as written, and the rewrites there are reported as not applied (`library_header`).
-The port's torch_xla imports go inside the branches that use them (engine._fix_imports),
+The port's torch_xla imports go inside the branches that use them (import_fixup.fix_imports),
 never at the top of the module, so importing the library never imports torch_xla.
 
 `_tpukit_on_xla` asks `sys.modules`: it imports nothing and is False until the program has
@@ -29,7 +29,7 @@ import difflib
 
 import libcst as cst
 
-from tpukit.migrate.nodes import import_bindings, is_docstring, walk
+from tpukit.migrate.nodes import import_bindings, is_docstring, scan, walk
 
 _EMPTY = cst.Module(body=[])
 # The inserted test of each target: the helper's name and the module whose import it asks for.
@@ -320,13 +320,13 @@ class _Names(cst.CSTVisitor):
         self.names.add(node.value)
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)
+        scan(node.value, self)
         return False
 
 
 def names_used(node: cst.CSTNode) -> set[str]:
     finder = _Names()
-    node.visit(finder)
+    scan(node, finder)
     return finder.names
 
 

@@ -16,7 +16,7 @@ import re
 
 import libcst as cst
 
-from tpukit.migrate.nodes import dotted, import_target
+from tpukit.migrate.nodes import dotted, import_target, scan
 
 # The words after an `import` keyword (a superset of the names imports bind): a rebinding
 # of any other name cannot end an import, so it is not tracked.
@@ -187,7 +187,7 @@ class Names:
         names = self._locals.get(id(function))
         if names is None:
             visitor = _LocalNames(function)
-            function.visit(visitor)
+            scan(function, visitor)
             names = self._locals[id(function)] = visitor.names
         return names
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
 import re
+import textwrap
 
 import libcst as cst
 
@@ -119,13 +122,72 @@ def terminal_name(expr: cst.BaseExpression) -> str:
     return ""
 
 
+def _child_fields(node_type: type) -> tuple[str, ...] | None:
+    """The fields of `node_type` that hold its children, in the order libcst visits them
+    (which is source order): read once per type from its `_visit_and_replace_children`, whose
+    `visit_*(self, "field", ...)` calls name them. None where that cannot be read."""
+    try:
+        source = textwrap.dedent(inspect.getsource(node_type._visit_and_replace_children))
+    except (OSError, TypeError):
+        return None
+    fields: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id.startswith("visit_") and len(node.args) >= 3 \
+                and isinstance(node.args[1], ast.Constant) and node.args[1].value not in fields:
+            fields.append(node.args[1].value)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(source))
+    return tuple(fields)
+
+
+_CHILD_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """`node.children` without its cost: libcst makes them by rebuilding the node (a copy of
+    it and a validation per call); this reads the fields that hold them, in the same order
+    (tests/test_engine.py compares both on every node of the fixtures and of torch)."""
+    node_type = type(node)
+    try:
+        fields = _CHILD_FIELDS[node_type]
+    except KeyError:
+        fields = _CHILD_FIELDS[node_type] = _child_fields(node_type)
+    if fields is None:
+        return list(node.children)
+    found = []
+    for name in fields:
+        value = getattr(node, name, None)
+        kind = type(value)
+        if kind is tuple or kind is list:
+            found.extend(item for item in value if _is_node(type(item)))
+        elif _is_node(kind):
+            found.append(value)
+    return found
+
+
+_NODE_TYPES: dict[type, bool] = {}
+
+
+def _is_node(kind: type) -> bool:
+    """issubclass(kind, cst.CSTNode), once per type (CSTNode is an ABC: its checks are slow)."""
+    try:
+        return _NODE_TYPES[kind]
+    except KeyError:
+        found = _NODE_TYPES[kind] = issubclass(kind, cst.CSTNode)
+        return found
+
+
 def walk(*nodes: cst.CSTNode):
     """Each of `nodes` and everything it contains, in source order."""
     stack = list(reversed(nodes))
     while stack:
         node = stack.pop()
         yield node
-        stack.extend(reversed(node.children))
+        stack.extend(reversed(children(node)))
 
 
 def name_uses(name: str, *scopes: cst.CSTNode):
@@ -138,27 +200,50 @@ def name_uses(name: str, *scopes: cst.CSTNode):
             node, parent, grandparent = stack.pop()
             if isinstance(node, cst.Name) and node.value == name:
                 yield node, parent, grandparent
-            stack.extend((child, node, parent) for child in reversed(node.children))
+            stack.extend((child, node, parent) for child in reversed(children(node)))
+
+
+def scan(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
+    """`node.visit(visitor)` for a visitor that only reads: the same `visit_<Node>` and
+    `leave_<Node>` calls in the same order, without the copy of every node libcst makes on
+    the way (a visitor's traversal there rebuilds the tree it reads). A visitor that keeps
+    libcst's `on_visit`/`on_leave` has its hooks looked up once per node type."""
+    cls = type(visitor)
+    own = (cls.on_visit is not cst.CSTVisitor.on_visit, cls.on_leave is not cst.CSTVisitor.on_leave)
+    _scan(node, visitor, cls, *own)
+
+
+_HOOKS: dict[tuple[type, type], tuple] = {}
+
+
+def _scan(node: cst.CSTNode, visitor, cls: type, own_visit: bool, own_leave: bool) -> None:
+    key = (cls, type(node))
+    try:
+        visit, leave = _HOOKS[key]
+    except KeyError:
+        name = type(node).__name__
+        visit, leave = _HOOKS[key] = (getattr(cls, f"visit_{name}", None),
+                                      getattr(cls, f"leave_{name}", None))
+    if own_visit:
+        deeper = visitor.on_visit(node)
+    else:
+        deeper = visit is None or visit(visitor, node) is not False
+    if deeper:
+        for child in children(node):
+            _scan(child, visitor, cls, own_visit, own_leave)
+    if own_leave:
+        visitor.on_leave(node)
+    elif leave is not None:
+        leave(visitor, node)
 
 
 def first(node: cst.CSTNode, test):
     """The first truthy `test(n)` over `node` and what it contains (in source order), or
     None; the walk stops at the first."""
-    finder = _First(test)
-    node.visit(finder)
-    return finder.found
-
-
-class _First(cst.CSTVisitor):
-    def __init__(self, test) -> None:
-        self.test = test
-        self.found = None
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if self.found is not None:
-            return False
-        self.found = self.test(node) or None
-        return self.found is None
+    for found in map(test, walk(node)):
+        if found:
+            return found
+    return None
 
 
 def is_docstring(stmt: cst.CSTNode) -> bool:

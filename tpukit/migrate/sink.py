@@ -65,7 +65,7 @@ class EditSink:
 
     def can_fix(self, rule: Rule, fix: FixKind | None = None) -> bool:
         if self.cuda_only:
-            return False  # CUDA-only code (guards.cuda_only_function): findings only
+            return False  # CUDA-only code (analysis/cuda_only.py): findings only
         if rule.code in self.held:
             return False  # a rule it needs is suppressed here (engine._held)
         fix = fix or rule.fix_for(self.target)

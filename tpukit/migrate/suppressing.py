@@ -43,7 +43,7 @@ class SuppressedHooks:
             trial = lambda original, updated: self._run(hook, original, (original, updated))  # noqa: E731
         else:
             trial = lambda node: self._run(hook, node, (node,))  # noqa: E731
-        trial.hook = hook  # the rule's own hook (engine.rule_of)
+        trial.hook = hook  # the rule's own hook (rewriter.rule_of)
         return trial
 
     def _covered(self, report: Report, at: cst.CSTNode) -> bool:

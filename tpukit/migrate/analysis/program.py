@@ -22,14 +22,14 @@ import libcst as cst
 
 from tpukit.config import real_path
 from tpukit.migrate.analysis import catalog as K
-from tpukit.migrate.analysis.values import (
+from tpukit.migrate.analysis.bindings import (
     Assigned,
     Defined,
     Imported,
-    Values,
-    _positional,
     absolute_import,
+    positional_params,
 )
+from tpukit.migrate.analysis.values import Values
 
 # What crosses a module boundary.
 FORWARD = frozenset({K.LOADER, K.DEVICE, K.CUDA, K.MODULE, K.OPTIMIZER, K.SCHEDULER, K.RANK,
@@ -101,11 +101,11 @@ def file_facts(source: str | cst.Module, module: str, is_package: bool,
     values = Values(tree, received=received, module_name=module, is_package=is_package)
     facts = FileFacts(module)
     for qualname, function in values.functions_by_qualname.items():
-        params = [p.name.value for p in [*_positional(function.params),
+        params = [p.name.value for p in [*positional_params(function.params),
                                          *function.params.kwonly_params]]
         facts.params[qualname] = params
         uses = {}
-        for p in [*_positional(function.params), *function.params.kwonly_params]:
+        for p in [*positional_params(function.params), *function.params.kwonly_params]:
             said = values.parameter_uses(function, p) & BACKWARD
             if said:
                 uses[p.name.value] = frozenset(said)

@@ -1,22 +1,19 @@
-"""Rule code, registered by code (or by a rule file's `engine` for table-driven rules)."""
+"""Rule code, one rule a module, registered by code (or by a rule file's `engine` for
+table-driven rules). Every module of this package is imported once, so a new rule module
+registers without an edit here."""
+
+import importlib
+import pkgutil
 
 
-def load_transforms() -> None:
-    from tpukit.migrate.transforms import (  # noqa: F401 - imported to register
-        amp,
-        api_map,
-        backend_flags,
-        checkpoints,
-        collectives,
-        cuda_only,
-        devices,
-        distributed,
-        element_reads,
-        generic,
-        grad_mode,
-        hot_loop,
-        loops,
-        optimizer_device,
-        slices,
-        typed_tensors,
-    )
+def import_all(package: str, path) -> list[str]:
+    """Import every module of `package` (found on `path`), subpackages included: what they
+    define registers itself. The modules' names, in import order."""
+    names = [m.name for m in pkgutil.walk_packages(path, prefix=f"{package}.")]
+    for name in names:
+        importlib.import_module(name)
+    return names
+
+
+def load_transforms() -> list[str]:
+    return import_all(__name__, __path__)

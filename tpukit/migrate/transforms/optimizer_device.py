@@ -14,7 +14,7 @@ import libcst as cst
 
 from tpukit.migrate.context import dotted
 from tpukit.migrate.transforms.base import Transform, transform
-from tpukit.migrate.transforms.loops import uses_prepare
+from tpukit.migrate.analysis.steps import uses_prepare
 
 
 WRAPPERS = ("DistributedDataParallel", "DataParallel", "DDP", "FullyShardedDataParallel", "compile",

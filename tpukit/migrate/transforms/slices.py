@@ -15,11 +15,12 @@ import re
 
 import libcst as cst
 
-from tpukit.migrate.transforms.host_values import host_value
-from tpukit.migrate.context import dotted, is_cuda_device_string
-from tpukit.migrate.transforms.base import Transform, transform
 from tpukit.migrate.analysis import catalog as K
-from tpukit.migrate.transforms.devices import DEVICE_CALLS
+from tpukit.migrate.analysis.host_values import host_value
+from tpukit.migrate.context import is_cuda_device_string
+from tpukit.migrate.device_facts import is_device_value
+from tpukit.migrate.nodes import scan
+from tpukit.migrate.transforms.base import Transform, transform
 
 # A file worth the pre-pass: a slice with a bound that is not a literal, and a move to a device.
 _NAMED_SLICE = re.compile(r"\w\[[^\]\n]*[A-Za-z_]\w*\s*:|\w\[[^\]\n]*:\s*[A-Za-z_]")
@@ -36,7 +37,7 @@ def _moves_to_device(ctx, expr: cst.BaseExpression | None) -> bool:
         return False
     target = expr.args[0].value
     if isinstance(target, cst.Call):
-        return ctx.qualify(target.func) in DEVICE_CALLS or dotted(target.func) == "torch_xla.device"
+        return is_device_value(ctx, target)
     return is_cuda_device_string(target) or (
         isinstance(target, (cst.Name, cst.Attribute)) and K.DEVICE in ctx.values.kinds(target))
 
@@ -87,7 +88,7 @@ class _DeviceData(cst.CSTVisitor):
         self._calls.append(node)
 
     def resolve(self, module: cst.Module) -> None:
-        module.visit(self)
+        scan(module, self)
         # `train_data = batchify(corpus.train, bsz)`: bound to what `batchify` returns
         for function, targets in self._assigned_calls:
             if function in self.returning:

@@ -14,6 +14,7 @@ import libcst as cst
 
 from tpukit.findings import FixKind
 from tpukit.migrate.context import string_value
+from tpukit.migrate.nodes import scan
 from tpukit.migrate.transforms.base import Transform, transform
 
 DTYPES = {
@@ -50,7 +51,7 @@ def _dtype(ctx, expr: cst.BaseExpression, qualify=None) -> str | None:
 def aliases(ctx) -> dict[str, str]:
     """Module-level names bound to a CUDA typed tensor (name -> dtype), read before the
     traversal: a function defined above the assignment may use the name."""
-    def scan() -> dict[str, str]:
+    def compute() -> dict[str, str]:
         found: dict[str, str] = {}
         if not _TYPED_NAMES.search(ctx.source):
             return found
@@ -63,7 +64,7 @@ def aliases(ctx) -> dict[str, str]:
                         found[small.targets[0].target.value] = dtype
         return found
 
-    return ctx.memo("typed_tensor_aliases", scan)
+    return ctx.memo("typed_tensor_aliases", compute)
 
 
 def _module_statements(body):
@@ -168,7 +169,7 @@ class TypedTensor(Transform):
             def visit_Attribute(self, attr) -> None:
                 self.owned.add(id(attr))
 
-        node.visit(Names(self._owned))
+        scan(node, Names(self._owned))
 
     def visit_Assign(self, node: cst.Assign):
         if _dtype(self.ctx, node.value):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from tpukit.migrate.context import dotted, string_value, terminal_name
+from tpukit.migrate.nodes import scan
 
 # Tensor methods whose result stays on the tensor's device.
 _SAME_DEVICE = {"float", "long", "int", "half", "bfloat16", "double", "bool", "contiguous",
@@ -144,7 +145,7 @@ class ForwardInputs:
     def __init__(self, module: cst.Module) -> None:
         self.module = module
         self.scan = _Scan()
-        module.visit(self.scan)
+        scan(module, self.scan)
 
     def on_device(self, target: str) -> bool:
         """Does every call of `target` (its code: `ddp_model`, `self.model`) in this file pass

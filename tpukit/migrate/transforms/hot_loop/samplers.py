@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from tpukit.migrate.nodes import walk
-from tpukit.migrate.transforms.loops import is_barrier
+from tpukit.migrate.analysis.steps import is_barrier
+from tpukit.migrate.nodes import children, walk
 
 CATS = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})
 WINDOW, PARTS = "_tpukit_window", "_tpukit_parts"
@@ -139,10 +139,10 @@ def _crop(expr: cst.BaseExpression, grown: str) -> cst.BaseExpression | None:
 
 
 def _barrier(stmt: cst.CSTNode, qualify) -> bool:
-    """A graph barrier alone on its line (loops.is_barrier)."""
+    """A graph barrier alone on its line (steps.is_barrier)."""
     return isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 \
         and isinstance(stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.Call) \
-        and is_barrier(None, stmt.body[0].value, qualify)
+        and is_barrier(stmt.body[0].value, qualify)
 
 
 def _same(a: cst.CSTNode, b: cst.CSTNode) -> bool:
@@ -179,7 +179,7 @@ def growing_sampler(loop: cst.For, qualify) -> Sampler | None:
             if isinstance(parent, (cst.Assign, cst.Arg)):
                 bare.add(id(node))
             continue
-        stack.extend((child, node) for child in reversed(node.children))
+        stack.extend((child, node) for child in reversed(children(node)))
     if len(crops) != 1 or sum(_reads(stmt, grown) for stmt in body) != _reads(crops[0], grown):
         return None
     crop = crops[0]

@@ -1,7 +1,8 @@
-"""Collectives the XLA process group does not take: `dist.all_reduce(t, op=dist.ReduceOp.AVG)`
-raises `ValueError: Invalid reduce op` on the "xla" backend (torch_xla 2.9, checked at world
-size 1), so a DDP script that averages its loss for logging (llm.c's train_gpt2.py) dies at
-its first step. A sum divided by the world size is the same average."""
+"""TPU415 all-reduce-avg: `dist.all_reduce(t, op=ReduceOp.AVG)` becomes a SUM divided by the world
+size on XLA.
+
+Its messages and tables: rules/TPU415-all-reduce-avg.toml.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import libcst as cst
 from tpukit.migrate.context import find_keyword
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
 
+
 ALL_REDUCE = {"torch.distributed.all_reduce", "torch.distributed.distributed_c10d.all_reduce"}
+
+
 AVG = {"torch.distributed.ReduceOp.AVG", "torch.distributed.distributed_c10d.ReduceOp.AVG"}
 
 
@@ -67,18 +71,3 @@ class AverageAllReduce(Transform):
 
         return self.fix_or_report(
             call, self.say("summed", code=code, name=name, size=size), build)
-
-
-@transform("TPU416")
-class SharedMemoryModel(Transform):
-    """`model.share_memory()` (Hogwild training: processes that update one model in shared
-    host memory): a device tensor has no shared-memory form ("_share_fd_: only available on
-    CPU" on XLA). A finding, with the two ways out."""
-
-    def leave_Call(self, original: cst.Call, updated: cst.Call):
-        func = original.func
-        if (isinstance(func, cst.Attribute) and func.attr.value == "share_memory"
-                and not original.args and not self.ctx.qualify(func.value)):
-            self.ctx.report(self.rule, original,
-                            self.say("share_memory", code=self.ctx.short(original)), applied=False)
-        return None

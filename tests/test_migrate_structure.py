@@ -1,0 +1,88 @@
+"""The shape of `tpukit migrate`'s code: one rule a module, found without a list; rules share
+facts through tpukit/migrate/analysis and import no other rule; no module of tpukit/ over 600
+lines."""
+
+from __future__ import annotations
+
+import ast
+import sys
+
+from test_run_structure import ROOT, _imports, _module_name
+from tpukit.migrate.transforms import import_all, load_transforms
+from tpukit.migrate.transforms.base import ENGINES, TRANSFORMS, transform_for
+from tpukit.rules import load_rules
+
+TRANSFORMS_DIR = ROOT / "tpukit" / "migrate" / "transforms"
+MAX_LINES = 600
+
+
+def _registered_classes(path) -> list[str]:
+    """The classes a module registers (decorated with `transform(...)` or `engine(...)`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [node.name for node in tree.body if isinstance(node, ast.ClassDef)
+            and any(isinstance(d, ast.Call) and getattr(d.func, "id", None) in ("transform", "engine")
+                    for d in node.decorator_list)]
+
+
+def _rule_modules() -> dict[str, list[str]]:
+    found = {_module_name(p): _registered_classes(p) for p in TRANSFORMS_DIR.rglob("*.py")}
+    return {name: classes for name, classes in found.items() if classes}
+
+
+def test_a_rule_module_holds_one_rule():
+    modules = _rule_modules()
+    assert len(modules) >= 35  # every rule of rules/ with code (tpukit/migrate/transforms)
+    assert {name: classes for name, classes in modules.items() if len(classes) > 1} == {}
+
+
+def test_a_rule_imports_no_other_rule():
+    """Facts two rules share live in tpukit/migrate/analysis (or a family's common.py, which
+    holds no rule): changing one rule never means reading another."""
+    modules = _rule_modules()
+    barrier = TRANSFORMS_DIR / "loops" / "step_barrier.py"
+    assert "tpukit.migrate.analysis.steps" in _imports(barrier)  # the check reads imports
+    crossing = {}
+    for name in modules:
+        path = ROOT.joinpath(*name.split(".")).with_suffix(".py")
+        if imported := sorted(_imports(path) & set(modules) - {name}):
+            crossing[name] = imported
+    assert crossing == {}
+
+
+def test_every_rule_module_is_found_without_a_list():
+    """load_transforms imports every module of the package: each rule class it registers is
+    the one its module defines, and every rule with code in rules/ has its class."""
+    names = load_transforms()
+    assert set(_rule_modules()) <= set(names)
+    registered = {cls.__module__ for cls in [*TRANSFORMS.values(), *ENGINES.values()]}
+    assert registered == set(_rule_modules())
+    # (a shell script's rule is read by tpukit/migrate/shell.py, on *.sh files, not a transform)
+    migrate_rules = [rule for rule in load_rules().values() if rule.code[3] in "123459"
+                     and rule.extra.get("engine") != "shell"]
+    assert len(migrate_rules) > 50
+    assert [rule.code for rule in migrate_rules if transform_for(rule) is None] == []
+
+
+def test_a_new_rule_module_registers_without_an_edit(tmp_path, monkeypatch):
+    package = tmp_path / "more_rules"
+    (package / "family").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "family" / "__init__.py").write_text("")
+    (package / "family" / "new_rule.py").write_text(
+        "from tpukit.migrate.transforms.base import Transform, transform\n\n\n"
+        "@transform('TPU999')\nclass NewRule(Transform):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(TRANSFORMS, "TPU999", None)  # restored (removed) after the test
+    try:
+        names = import_all("more_rules", [str(package)])
+        assert "more_rules.family.new_rule" in names
+        assert TRANSFORMS["TPU999"].__name__ == "NewRule"
+    finally:
+        for name in [n for n in sys.modules if n.startswith("more_rules")]:
+            del sys.modules[name]
+
+
+def test_no_module_of_tpukit_is_over_600_lines():
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "tpukit").rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert long == {}

@@ -1,0 +1,93 @@
+"""TPU403 data-parallel: `nn.DataParallel` is removed: one process per TPU device instead.
+
+Its messages and tables: rules/TPU403-data-parallel.toml.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from tpukit.findings import FixKind, Severity
+from tpukit.migrate.analysis import catalog as K
+from tpukit.migrate.nodes import walk
+from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
+
+
+DATA_PARALLEL_NAMES = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+                       "torch.nn.parallel.data_parallel.DataParallel"}
+
+
+@transform("TPU403")
+class DataParallel(Transform):
+    def __init__(self, rule, ctx) -> None:
+        super().__init__(rule, ctx)
+        self._decided: set[int] = set()  # wraps whose assignment statement visit_Assign decided
+
+    def statement_triggers(self, source: str) -> set[str]:
+        wrapped = self.ctx.values.names_of({K.DATA_PARALLEL})
+        return super().statement_triggers(source) | ({".module"} if wrapped else set())
+
+    def _message(self, node) -> str:
+        return self.say("wrapper", code=self.ctx.short(node))
+
+    def _returned(self, wrap: cst.Call, target: cst.BaseExpression | None) -> bool:
+        """Does the enclosing function return the wrapped model (`return DataParallel(net)`,
+        or `net = DataParallel(net)` ... `return net`)? Its callers, in this file or another,
+        may read `.module` through what the dataflow cannot follow (pix2pix's
+        `getattr(self, 'net' + name).module`): where the target keeps the wrapper
+        (`keep_returned`: torch_xla, where `nn.DataParallel` without CUDA calls the model as it
+        is and keeps `.module` and the "module." checkpoint keys) it stays."""
+        if not self.mapping.get("keep_returned") or not self.ctx.functions:
+            return False
+        function = self.ctx.functions[-1]
+        for node in walk(function.body):
+            if not isinstance(node, cst.Return) or node.value is None:
+                continue
+            if node.value is wrap:
+                return True
+            if (isinstance(target, cst.Name) and isinstance(node.value, cst.Name)
+                    and node.value.value == target.value):
+                return True
+        return False
+
+    def _keep(self, node: cst.Call) -> None:
+        self.ctx.report(self.rule, node, self.say("returned", code=self.ctx.short(node)),
+                        applied=False, fix=FixKind.NONE, severity=Severity.INFO)
+
+    def visit_Assign(self, node: cst.Assign):
+        value = node.value
+        if not (isinstance(value, cst.Call) and self.ctx.qualify(value.func) in DATA_PARALLEL_NAMES
+                and value.args and len(node.targets) == 1):
+            return None
+        target = node.targets[0].target
+        if self.ctx.code(target) != self.ctx.code(value.args[0].value):
+            return None  # `dp = DataParallel(model)`: the call itself is rewritten below
+        self._decided.add(id(value))
+        if self._returned(value, target):
+            self._keep(value)
+            return None
+        text = self.ctx.short(node)
+        return self.fix_or_report(value, self._message(value), lambda: StatementPlan(
+            [], f'removed "{text}": one process per TPU device'))
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        if (self.ctx.qualify(original.func) not in DATA_PARALLEL_NAMES or not original.args
+                or id(original) in self._decided):
+            return None
+        assigned = self.ctx.assign_targets[-1] if self.ctx.assign_targets else []
+        if self._returned(original, assigned[0] if len(assigned) == 1 else None):
+            self._keep(original)
+            return None
+        return self.fix_or_report(original, self._message(original), lambda: updated.args[0].value)
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
+        """`model.module` of a model that was wrapped in DataParallel is the model itself."""
+        if original.attr.value != "module":
+            return None
+        # a model the dataflow says DataParallel wrapped (a method's own `model` parameter is
+        # another variable than the one another method wrapped)
+        if K.DATA_PARALLEL not in self.ctx.values.kinds(original.value):
+            return None
+        if not self.ctx.can_fix(self.rule):
+            return None
+        return updated.value

@@ -1,0 +1,118 @@
+"""TPU301 device-loader: A DataLoader that a loop iterates is wrapped in `MpDeviceLoader`;
+pin_memory is dropped.
+
+Its messages and tables: rules/TPU301-device-loader.toml.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from tpukit.findings import FixKind, Severity
+from tpukit.migrate.analysis import catalog as K
+from tpukit.migrate.analysis.steps import DATALOADERS, is_device_loader, loader_in_iter
+from tpukit.migrate.context import find_keyword
+from tpukit.migrate.guards import scope_moves_to_cuda
+from tpukit.migrate.nodes import scan
+from tpukit.migrate.transforms.base import Transform, transform
+
+
+def _yields(body: cst.BaseSuite) -> bool:
+    """Does the loop body hand its items on (`yield`), outside nested functions?"""
+    finder = _YieldFinder()
+    scan(body, finder)
+    return finder.found
+
+
+class _YieldFinder(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found = False
+
+    def visit_Yield(self, node: cst.Yield) -> None:
+        self.found = True
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+
+def _replace_innermost(expr, depth: int, replacement):
+    if depth == 0:
+        return replacement
+    first = expr.args[0]
+    inner = _replace_innermost(first.value, depth - 1, replacement)
+    return expr.with_changes(args=[first.with_changes(value=inner), *expr.args[1:]])
+
+
+@transform("TPU301")
+class DeviceLoader(Transform):
+    """A DataLoader that a loop iterates is wrapped in MpDeviceLoader; pin_memory dropped."""
+
+    reads_device_facts = True
+
+    def statement_triggers(self, source: str) -> set[str]:
+        # a loop over a loader holds the loader's name, whatever the rule's own words
+        return super().statement_triggers(source) | self.ctx.values.names_of({K.LOADER})
+
+    def leave_For(self, original: cst.For, updated: cst.For):
+        found = loader_in_iter(self.ctx, original)
+        if found is None:
+            return None
+        loader, path = found
+        if is_device_loader(loader) or self.ctx.values.kinds(loader) & {K.PREPARED, K.DEVICE_LOADER}:
+            return None  # its batches are on the device already
+        if _yields(original.body):
+            # lightning's _FabricDataLoader: `for item in self._dataloader: yield move(item)`
+            # is a loader itself (here, the one for non-XLA strategies): the loop that
+            # consumes its batches is where the device loader goes, not inside it.
+            return None
+        if self.ctx.library_hands_off():
+            # mmengine's EpochBasedTrainLoop.run_epoch: the runner's model is on the device
+            # mmengine picked (the CPU on a TPU host); the loader would start the runtime there
+            self.ctx.report(self.rule, original.iter,
+                            self.say("library", code=self.ctx.short(loader)),
+                            applied=False, fix=FixKind.NONE, severity=Severity.INFO)
+            return None
+        if self.ctx.owner_leaves("TPU301", "own_device") and not scope_moves_to_cuda(self.ctx):
+            # fairscale's pipe benchmark: `device = torch.device("cuda") if
+            # torch.cuda.is_available() else torch.device("cpu")` stays (library code), so its
+            # batches stay on the CPU of a TPU host: a device loader to that device would start
+            # the XLA runtime for nothing
+            self.ctx.report(self.rule, original.iter,
+                            self.say("library_own_device", code=self.ctx.short(loader)),
+                            applied=False, fix=FixKind.NONE, severity=Severity.INFO)
+            return None
+        device = self.ctx.device_expr()
+
+        def build():
+            wrapped = cst.Call(
+                func=self.ctx.expr("pl.MpDeviceLoader"),
+                args=[cst.Arg(loader, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                      cst.Arg(device)],
+            )
+            return updated.with_changes(iter=_replace_innermost(updated.iter, len(path), wrapped))
+
+        return self.fix_or_report(original.iter, self.say("loader", code=self.ctx.short(loader)),
+                                  build)
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        name = self.ctx.qualify(original.func)
+        if name in DATALOADERS:
+            pin = find_keyword(original, "pin_memory")
+            if pin is None:
+                return None
+            def build():
+                args = [a for a, o in zip(updated.args, original.args) if o is not pin]
+                if args and original.args[-1] is pin:
+                    args[-1] = args[-1].with_changes(comma=updated.args[-1].comma)
+                return updated.with_changes(args=args)
+            return self.fix_or_report(pin, self.say("pin_memory_argument"), build)
+        func = original.func
+        if (isinstance(func, cst.Attribute) and func.attr.value == "pin_memory"
+                and not original.args and not self.ctx.qualify(func.value)):
+            return self.fix_or_report(
+                original, self.say("pin_memory", code=self.ctx.short(original)),
+                lambda: updated.func.value)
+        return None
