@@ -94,7 +94,9 @@ def test_head_dim_finding_on_v6e_pads_to_256_at_the_class_line(tmp_path):
     assert "3 heads of 256" in finding.message
     # +300% of attention at seq 1024, embed 768 is +54% of the layer: wider heads, not padding
     assert finding.extra["recommendation"] == "wider_heads"
-    assert finding.message.endswith("padding costs more than it can gain: prefer the wider heads")
+    assert finding.explanation.cause.endswith(
+        "padding costs more than it can gain: prefer the wider heads")
+    assert finding.explanation.fix == "for a model trained from scratch, use 3 heads of 256"
     assert head_dim_findings([_site(head_dim=128)], "v5e", False, "train.py") == []
 
 
@@ -105,6 +107,7 @@ def test_padding_is_advised_only_while_it_is_cheap():
     (finding,) = head_dim_findings([toy], "v5e", False, "train.py")
     assert finding.extra["recommendation"] == "leave"
     assert finding.message.endswith("leave the head dim as it is")
+    assert finding.explanation.fix == ""  # nothing to change
 
 
 def test_config_heads_reads_module_or_config_attributes():

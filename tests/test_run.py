@@ -61,7 +61,9 @@ def test_a_smaller_batch_is_named_with_its_step_line_and_dim(shape_run):
     (change,) = step6["extra"]["changes"]
     assert change == {"name": "Tagger.forward(tokens)", "old": [8, 12], "new": [6, 12],
                       "old_dtype": "int64", "new_dtype": "int64", "dims": [0], "line": forward_line}
-    assert "[8, 12] -> [6, 12] (dim 0)" in step6["message"] and "drop_last=True" in step6["message"]
+    why = step6["explanation"]
+    assert "[8, 12] -> [6, 12] (dim 0)" in why["cause"] and "drop_last=True" in why["fix"]
+    assert step6["message"].endswith(f": {why['cause']}. Fix: {why['fix']}")
 
 
 def test_padding_to_each_batch_length_recompiles_every_step_on_dim_1(shape_run):
@@ -71,7 +73,8 @@ def test_padding_to_each_batch_length_recompiles_every_step_on_dim_1(shape_run):
     assert padded["extra"]["steps"] == [8, 9, 10]
     by_step = {o["step"]: o for o in padded["extra"]["occurrences"]}
     assert by_step[8]["changes"][0]["old"] == [8, 12] and by_step[8]["changes"][0]["new"] == [8, 20]
-    assert padded["message"].count("step 9: [8, 20] -> [8, 21]") == 1
+    assert padded["explanation"]["cause"].count("step 9: [8, 20] -> [8, 21]") == 1
+    assert padded["explanation"]["fix"].startswith("pad dim 1")
     assert padded["message"].startswith("3 steps (8, 9, 10) recompiled at this line for one cause")
     assert all(o["changes"][0]["dims"] == [1] for o in by_step.values())
     assert padded["extra"]["compile_s"] == round(sum(o["compile_s"] for o in by_step.values()), 6)

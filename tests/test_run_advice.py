@@ -68,7 +68,9 @@ def test_varlen_gets_bucket_advice_at_the_loader_line(varlen):
     assert max(extra["buckets"]) == max(int(s) for s in extra["sizes"])
     assert 0 < extra["padding_overhead"] < extra["powers_of_two_overhead"]
     assert f"BucketCollate({extra['buckets']}, dim=0)" in extra["snippet"]
-    assert extra["fix"].startswith(f"`DataLoader(..., collate_fn=BucketCollate({extra['buckets']}")
+    assert advice["explanation"]["fix"].startswith(
+        f"`DataLoader(..., collate_fn=BucketCollate({extra['buckets']}")
+    assert advice["explanation"]["cause"].startswith("XLA compiles a graph per size")
     assert report["summary"]["distinct_graphs"] >= extra["distinct_sizes"]
 
 
@@ -131,7 +133,7 @@ def test_head_dim_64_is_named_at_its_class_with_numbers(head_dim):
     assert "+100% FLOPs" in sdpa["message"] and "2 heads of 128" in sdpa["message"]
     fix = {"pad": "pad q, k and v to head dim 128",
            "wider_heads": "for a model trained from scratch, use 2 heads of 128"}
-    assert sdpa["extra"]["fix"].startswith(fix[sdpa["extra"]["recommendation"]])
+    assert sdpa["explanation"]["fix"].startswith(fix[sdpa["extra"]["recommendation"]])
     mha = by_dim[32]
     assert mha["line"] == line_of(path, "x, _ = self.cross(")  # torch's class: the calling line
     assert mha["extra"]["padded_head_dim"] == 128

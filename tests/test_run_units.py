@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tpukit.findings import Severity
+from tpukit.findings import Explanation, Finding, Location, Severity, said
+from tpukit.rules import load_rules
 from tpukit.run.analysis import analyse
 from tpukit.run.debuglog import DebugLog, GraphEvent
 from tpukit.run.loops import Loops
@@ -163,9 +164,9 @@ def test_compiles_that_stop_after_the_first_steps_are_a_long_warm_up_at_info():
     found, analysis = _recompiles(steps, {"DistributedDataParallel"})
     assert [f.extra["step"] for f in found] == [3, 4]
     assert all(f.severity is Severity.INFO and f.extra["warmup_steps"] == 4 for f in found)
-    assert "warm-up longer than --warmup 2" in found[0].message
-    assert "DistributedDataParallel does this" in found[0].message
-    assert "`--warmup 4`" in found[0].message
+    cause = found[0].explanation.cause
+    assert "warm-up longer than --warmup 2" in cause and "DistributedDataParallel does this" in cause
+    assert "`--warmup 4`" in cause and found[0].explanation.fix == ""
     assert analysis.failures(["recompile"]) == []
     assert analysis.stats.recompiles_after_warmup == 2  # still counted: they happened
     assert analysis.stats.recompiles_in_long_warmup == 2
@@ -225,7 +226,7 @@ def test_a_ragged_last_batch_that_recompiles_every_graph_of_its_step_is_one_find
     assert found.location.line == 56 and found.extra["step"] == 6
     assert "3 new graphs for one cause (15.80 s;" in found.message
     assert "at this line and train.py:61, train.py:70" in found.message
-    assert "[64, 10] -> [40, 10]" in found.message and "drop_last" in found.message
+    assert "[64, 10] -> [40, 10]" in found.explanation.cause and "drop_last" in found.explanation.fix
     assert [(g["line"]) for g in found.extra["graphs"]] == [56, 61, 70]
     assert analysis.stats.recompiles_after_warmup == 3
 
@@ -303,6 +304,39 @@ def test_findings_are_ordered_by_what_they_cost():
     assert [f.code for f in analysis.findings].index("TPU702") == 2
 
 
+def test_every_run_finding_explains_itself_in_fields_said_one_way():
+    # A read every step, a fallback, a recompile: each finding's cause and fix are fields, its
+    # message is said from them, and a saved report reads them back.
+    slow = [HostRead("item", "train.py", 30, 4, wait_s=0.5)]
+    steps = [_step(i, reads=slow, fallbacks={"aten::nonzero": 1} if i == 4 else None)
+             for i in range(1, 7)]
+    steps[4] = _compiling(5, reads=slow)
+    analysis = analyse(_probe_with(steps), warmup=2, script="train.py")
+    by_code = {f.code: f for f in analysis.findings}
+    assert set(by_code) == {"TPU701", "TPU702", "TPU703"}
+    read, fallback = by_code["TPU703"].explanation, by_code["TPU702"].explanation
+    assert read.cause == "the host waits for the device every step"
+    fixes = {code: load_rules()[code].extra["fixes"] for code in ("TPU702", "TPU703")}
+    assert read.fix == fixes["TPU703"]["item"]
+    assert fallback.cause.startswith("each call copies tensors to the host")
+    assert fallback.fix == fixes["TPU702"]["aten::nonzero"]
+    assert "fix" not in by_code["TPU702"].extra and "fix" not in by_code["TPU703"].extra
+    for found in analysis.findings:
+        why = found.explanation
+        assert found.message.endswith(f": {why.cause}" + (f". Fix: {why.fix}" if why.fix else ""))
+        again = Finding.from_dict(found.to_dict())
+        assert again.explanation == why and again.message == found.message
+
+
+def test_the_message_convention_says_cause_then_fix_and_leaves_out_what_is_missing():
+    why = Explanation("the batch shrank", "drop_last=True", (Location("train.py", 9),))
+    assert said("step 6 compiled", why) == "step 6 compiled: the batch shrank. Fix: drop_last=True"
+    assert said("step 6 compiled", Explanation("warm-up")) == "step 6 compiled: warm-up"
+    assert said("step 6 compiled", Explanation(fix="pad")) == "step 6 compiled. Fix: pad"
+    assert Explanation.from_dict(why.to_dict()) == why
+    assert why.to_dict()["where"] == [{"path": "train.py", "line": 9}]
+
+
 def _at(index: int, kind: str, hashes: list[str], line: int) -> Step:
     step = _step(index, compiles=len(hashes) if kind == "compile" else 0)
     step.graphs = [GraphEvent(kind, h, frames=[("f", "/tmp/train.py", line)]) for h in hashes]
@@ -316,7 +350,8 @@ def test_a_lines_first_graph_after_warm_up_is_not_a_recompile_when_nothing_repla
     found, analysis = _recompiles(steps)
     (first,) = found
     assert first.extra["step"] == 5 and first.severity is Severity.INFO
-    assert "first ran after warm-up" in first.message and "not a recompile" in first.message
+    assert "first ran after warm-up" in first.explanation.cause and "not a recompile" in first.explanation.cause
+    assert first.explanation.fix == ""  # nothing to change
     assert analysis.failures(["recompile"]) == []
     assert analysis.stats.recompiles_after_warmup == 0
     assert analysis.stats.first_graphs_after_warmup == 1
@@ -339,7 +374,8 @@ def test_several_graphs_from_one_line_that_later_steps_run_again_are_no_missing_
     # one step only (a loop that nothing ends): the finding
     found, _ = _recompiles([_at(1, "compile", hashes, 92)])
     (grew,) = [f for f in found if f.extra.get("kind") == "no-barrier"]
-    assert "nothing ends the loop's iterations" in grew.message
+    assert "nothing ends the loop's iterations" in grew.explanation.cause
+    assert grew.explanation.fix.startswith("add `torch_xla.sync()`")
 
 
 def test_several_graphs_from_one_line_that_reads_as_often_are_read_cuts_not_a_missing_barrier():
@@ -353,7 +389,7 @@ def test_several_graphs_from_one_line_that_reads_as_often_are_read_cuts_not_a_mi
     found, analysis = _recompiles([first, second])
     (cut,) = [f for f in found if f.extra.get("kind") == "read-cut"]
     assert not [f for f in found if f.extra.get("kind") == "no-barrier"]
-    assert "read the device 4 time(s) (`format` x4)" in cut.message and "torch.stack" in cut.message
+    assert "read the device 4 time(s) (`format` x4)" in cut.message and "torch.stack" in cut.explanation.fix
     assert cut.fails_on == "sync"
     # a step that nothing ends (the whole loop is one step): the missing barrier, as before
     first.boundary = "end"
@@ -374,10 +410,12 @@ def test_one_cause_over_several_steps_is_one_finding():
     found, analysis = _recompiles(steps)
     (one,) = found
     assert one.extra["steps"] == [3, 4, 5, 6, 7] and one.extra["compile_s"] == 2.5
-    assert one.message.startswith("5 steps (3, 4, 5, 6, 7) recompiled at this line for one cause: "
-                                  "5 new graph(s), 2.50 s in all")
-    assert "step 4: [8, 13] -> [8, 14]" in one.message and "and 1 more" in one.message
-    assert "6 sizes of dim 1: 10..17" in one.message and "Fix: pad dim 1" in one.message
+    assert one.message.startswith("5 steps (3, 4, 5, 6, 7) recompiled at this line for one cause, "
+                                  "5 new graph(s), 2.50 s in all: ")
+    why = one.explanation
+    assert "step 4: [8, 13] -> [8, 14]" in why.cause and "and 1 more" in why.cause
+    assert "6 sizes of dim 1: 10..17" in why.cause and why.fix.startswith("pad dim 1")
+    assert one.message.endswith(f": {why.cause}. Fix: {why.fix}")  # the one convention
     assert analysis.stats.recompiles_after_warmup == 5   # the count is unchanged
 
 
@@ -408,7 +446,8 @@ def test_graphs_a_line_runs_in_every_step_are_said_once_with_what_tells_them_apa
         step.graphs = [GraphEvent(g.kind, g.graph_hash, frames=[("f", str(script), 5)])
                        for g in step.graphs]
     (ddp,) = variants(str(script), models={"DistributedDataParallel"})
-    assert ddp.extra["sync_toggle"]["line"] == 4 and "`with model.no_sync():`" in ddp.message
+    assert ddp.extra["sync_toggle"]["line"] == 4 and "`with model.no_sync():`" in ddp.explanation.cause
+    assert [w.line for w in ddp.explanation.where] == [4]
     for step in steps:  # a line before the switch is not one it governs
         step.graphs = [GraphEvent(g.kind, g.graph_hash, frames=[("f", str(script), 3)])
                        for g in step.graphs]

@@ -158,9 +158,9 @@ def test_run_redirects_the_package_and_the_argv_device(library_run):
     # the program's own device came from argv: said so, with the fix
     (model,) = at(report, "train.py", line_of(PROG / "train.py", "model = torch.nn.Linear"))
     assert model["extra"]["in_program"] and not model["extra"]["literal"]
-    assert "--device xla" in model["message"]
-    assert model["extra"]["fix"].startswith("pass the XLA device (e.g. `--device xla`)")
-    assert one_hot["extra"]["fix"] is None  # code tpukit does not rewrite: the layer covers it
+    assert model["explanation"]["fix"].startswith("pass the XLA device (e.g. `--device xla`)")
+    assert model["message"].endswith(f"Fix: {model['explanation']['fix']}")
+    assert one_hot["explanation"]["fix"] == ""  # code tpukit does not rewrite: the layer covers it
     # two calls on one line are two sites, told apart by column
     moves = at(report, "train.py", line_of(PROG / "train.py", "x, y = x.to(device)"))
     assert sorted(f["col"] for f in moves) == [12, 26] and all(f["extra"]["count"] == 3
@@ -189,7 +189,7 @@ def test_refused_call_names_the_call_and_the_lines(tmp_path):
     assert refused["line"] == line_of(FAKELIB, "get_device_capability()")
     assert refused["extra"]["program_line"] == line_of(PROG / "train.py", "fakelib.capability()")
     assert refused["severity"] == "error"
-    assert "torch.cuda.is_available()" in refused["extra"]["fix"]
+    assert "torch.cuda.is_available()" in refused["explanation"]["fix"]
     assert "torch.cuda.get_device_capability has no TPU meaning" in proc.stderr
     assert f"reached from train.py:{refused['extra']['program_line']}" in proc.stderr
 
@@ -208,8 +208,8 @@ def test_program_line_naming_cuda_says_migrate_ports_it(tmp_path):
     assert set(found) == {2, 3}
     for finding in found.values():
         assert finding["extra"]["in_program"] and finding["extra"]["literal"]
-        assert "tpukit migrate" in finding["message"]
-        assert finding["extra"]["fix"] == "run `tpukit migrate literal.py`: it ports this line"
+        assert finding["explanation"]["fix"] == "run `tpukit migrate literal.py`: it ports this line"
+        assert "covered for the port" in finding["explanation"]["cause"]
 
 
 def test_plain_python_run_with_the_module_form(tmp_path):
@@ -265,5 +265,5 @@ def test_a_program_call_the_migrate_rules_port_is_named_with_the_rule(tmp_path):
     report = json.loads(report_path.read_text())
     found = {f["line"]: f for f in redirects(report)}
     assert found[6]["extra"]["ported_by"] == "TPU401"
-    assert "ports this line (TPU401)" in found[6]["message"]
+    assert "ports this line (TPU401)" in found[6]["explanation"]["cause"]
     assert found[7]["extra"]["ported_by"] in ("TPU101", "TPU102", "TPU402")

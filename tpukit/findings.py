@@ -27,6 +27,36 @@ class Location:
     end_col: int | None = None
 
 
+@dataclass(frozen=True)
+class Explanation:
+    """Why a finding happened and what to change, as fields (every `tpukit run` finding has
+    one): `cause`, the mechanism that made it; `fix`, the change to make (empty where there is
+    nothing to change); `where`, the other lines involved besides the finding's own (the
+    caller of a forward, the loader's collate_fn, the line two graphs first differ at). The
+    evidence, the numbers measured, is the finding's `extra`."""
+
+    cause: str = ""
+    fix: str = ""
+    where: tuple[Location, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"cause": self.cause, "fix": self.fix,
+                "where": [{"path": w.path, "line": w.line} for w in self.where]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Explanation":
+        return cls(data.get("cause", ""), data.get("fix", ""),
+                   tuple(Location(w["path"], w["line"]) for w in data.get("where", ())))
+
+
+def said(head: str, explanation: Explanation) -> str:
+    """The one message convention: what happened (with its numbers), then its cause after a
+    colon, then the change to make after "Fix:". Every message with an explanation is made
+    here, so a reader (a person or `grep`) finds the three parts in the same places."""
+    text = f"{head}: {explanation.cause}" if explanation.cause else head
+    return f"{text}. Fix: {explanation.fix}" if explanation.fix else text
+
+
 @dataclass
 class Finding:
     code: str
@@ -38,6 +68,8 @@ class Finding:
     # True when the produced source contains the fix (written, or shown by --diff/--check).
     applied: bool = False
     extra: dict = field(default_factory=dict)
+    # cause, fix and other lines as fields; the message says them by `said`
+    explanation: Explanation | None = None
 
     @property
     def needs_person(self) -> bool:
@@ -67,6 +99,7 @@ class Finding:
             "applied": self.applied,
             "help": self.help,
             **({"extra": self.extra} if self.extra else {}),
+            **({"explanation": self.explanation.to_dict()} if self.explanation else {}),
         }
 
     @classmethod
@@ -87,7 +120,9 @@ class Finding:
                             data.get("end_col"))
         return cls(data["code"], Severity(data["severity"]), data["message"], location,
                    name=data.get("name", ""), fix=FixKind(data.get("fix", "none")),
-                   applied=data.get("applied", False), extra=data.get("extra", {}))
+                   applied=data.get("applied", False), extra=data.get("extra", {}),
+                   explanation=(Explanation.from_dict(data["explanation"])
+                                if data.get("explanation") else None))
 
 
 @dataclass

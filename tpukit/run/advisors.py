@@ -85,8 +85,8 @@ def _head_dim_finding(site: AttentionSite, d: int, padded: int, width: int, gene
         cost += (f", +{_mib(n['extra_activation_bytes_per_layer'])} of q/k/v/output activations "
                  f"per layer (batch {site.batch}, {site.dtype})")
     advice = recommendation(n)
-    message = (f"attention head dim {d} ({heads}{site.source}) in {site.cls} ({where}{called}): "
-               f"the {gen} MXU is {width} wide, so q@k^T and attn@v fill {n['mxu_fill_now']:.0%} "
+    head = f"attention head dim {d} ({heads}{site.source}) in {site.cls} ({where}{called})"
+    message = (f"the {gen} MXU is {width} wide, so q@k^T and attn@v fill {n['mxu_fill_now']:.0%} "
                f"of each pass. Padding q/k/v to {padded} costs {cost}, runs the same passes "
                "(about the same time, every pass full) and makes the Pallas flash attention "
                "kernels usable (they need a multiple of 128)")
@@ -109,9 +109,10 @@ def _head_dim_finding(site: AttentionSite, d: int, padded: int, width: int, gene
     fix = {"pad": f"pad q, k and v to head dim {padded} (the snippet) and slice the output back",
            "wider_heads": (f"for a model trained from scratch, use {wide['heads']} heads of "
                            f"{wide['head_dim']}" if wide else ""),
-           "leave": "none: padding costs more than it gains"}[advice]
-    return finding("TPU705", message, at, tpu_generation=generation, generation_assumed=assumed,
-                   site=site.to_dict(), snippet=snippet, recommendation=advice, fix=fix, **n)
+           "leave": ""}[advice]  # padding costs more than it gains: nothing to change
+    return finding("TPU705", head, at, cause=message, fix=fix, tpu_generation=generation,
+                   generation_assumed=assumed, site=site.to_dict(), snippet=snippet,
+                   recommendation=advice, **n)
 
 
 def recommendation(numbers: dict) -> str:
@@ -189,23 +190,25 @@ def _bucket_finding(steps: list[Step], axis: dict, budget: int, script: str) -> 
     also = [f"{n} dim {d}" for n, d in members[1:]]
     origin = next((s.origins[name] for s in steps if name in s.origins), None)
     snippet, how = _bucket_snippet(name, dim, buckets)
-    message = (f"`{name}` dim {dim}{' (with ' + ', '.join(also) + ')' if also else ''} took "
-               f"{distinct} sizes in {sum(observed.values())} steps "
-               f"({min(observed)}..{max(observed)}), and {compiles_now} of those steps compiled a "
-               f"graph: with the {len(buckets)} buckets {buckets} the loop compiles at most "
-               f"{len(buckets)} graphs for this dim, padding {overhead:.1%} more elements (the "
-               f"exact optimum for {budget} buckets; powers of two {powers} would pad "
-               f"{powers_overhead:.1%} in {len(powers)} graphs). Apply: {how}; "
-               f"a size above {buckets[-1]} is padded to a multiple of it (one more graph)")
+    head = (f"`{name}` dim {dim}{' (with ' + ', '.join(also) + ')' if also else ''} took "
+            f"{distinct} sizes in {sum(observed.values())} steps "
+            f"({min(observed)}..{max(observed)}), and {compiles_now} of those steps compiled a "
+            "graph")
+    cause = (f"XLA compiles a graph per size; with the {len(buckets)} buckets {buckets} the loop "
+             f"compiles at most {len(buckets)} graphs for this dim, padding {overhead:.1%} more "
+             f"elements (the exact optimum for {budget} buckets; powers of two {powers} would "
+             f"pad {powers_overhead:.1%} in {len(powers)} graphs)")
+    fix = f"{how}; a size above {buckets[-1]} is padded to a multiple of it (one more graph)"
     extra = {
         "inputs": [{"name": n, "dim": d} for n, d in members], "distinct_sizes": distinct,
         "sizes": dict(sorted(observed.items())), "steps_compiling": compiles_now,
         "budget": budget, "buckets": buckets, "compiles_with_buckets": len(buckets),
         "padding_overhead": round(overhead, 4), "powers_of_two": powers,
         "powers_of_two_overhead": round(powers_overhead, 4),
-        "by_budget": table, "snippet": snippet, "fix": how,
+        "by_budget": table, "snippet": snippet,
     }
-    return finding("TPU706", message, origin or steps[0].boundary_at or (script, 1), **extra)
+    return finding("TPU706", head, origin or steps[0].boundary_at or (script, 1), cause=cause,
+                   fix=fix, **extra)
 
 
 def _compiles(steps: list[Step], values: tuple) -> int:

@@ -52,26 +52,26 @@ def fallback_findings(probe: Probe, steps: list[Step], loops: Loops,
         fix = fixes.get(op, "find a fixed-shape form of this op, or move it out of the training step")
         lines = sorted(probe.fallback_lines.get(op, {}).items(), key=lambda kv: kv[0])
         first = next((s.index for s in steps if op in s.fallbacks), None)
-        extra = {"op": op, "count": total, "per_step": round(rate, 4), "first_step": first,
-                 "fix": fix}
+        extra = {"op": op, "count": total, "per_step": round(rate, 4), "first_step": first}
         what = (f"{total} time(s) in all ({rate:.2g} per step after warm-up, first in step "
                 f"{first})")
         effect = "each call copies tensors to the host and back and cuts the graph"
         if not lines:
             findings.append(finding(
-                "TPU702", f"`{op}` ran on the CPU {what}: {effect}. Fix: {fix} (the calling line "
-                "was not seen: it ran only outside the traced steps)", (script, 1),
-                fails_on="fallback", **extra))
+                "TPU702", f"`{op}` ran on the CPU {what} (the calling line was not seen: it ran "
+                "only outside the traced steps)", (script, 1), fails_on="fallback",
+                cause=effect, fix=fix, **extra))
         for where, calls in lines:
             share = f"; this line is one of {len(lines)} calling it" if len(lines) > 1 else ""
             caller = probe.fallback_callers.get(where)
-            via, more = "", {}
+            via, more, also = "", {}, ()
             if caller is not None:
                 path, line, forward = caller
                 via = f" (in `{forward}`, called from {Path(path).name}:{line})"
                 more = {"called_from": {"path": path, "line": line, "function": forward}}
-            message = f"`{op}` ran on the CPU {what}{share}{via}: {effect}. Fix: {fix}"
-            findings.append(finding("TPU702", message, where, fails_on="fallback",
+                also = ((path, line),)
+            findings.append(finding("TPU702", f"`{op}` ran on the CPU {what}{share}{via}", where,
+                                    fails_on="fallback", cause=effect, fix=fix, also=also,
                                     traced_calls=calls, **extra, **more))
     return findings
 
@@ -102,13 +102,13 @@ def sync_findings(steps: list[Step], loops: Loops) -> list[RunFinding]:
         hot = bool(steady) and reading >= len(steady) / 2
         shown = f"`.{method}()`" if not method.startswith("__") else f"`{method[2:-2]}(tensor)`"
         fix = fixes.get(method, "read it outside the step")
-        message = (f"{shown} copies device data to the host {entry['count']} time(s) "
-                   f"({rate:.2g} per step after warm-up, {entry['bytes']} bytes in all, "
-                   f"{entry['wait_s']:.2f} s waiting): the host "
-                   f"waits for the device{' every step' if hot else ''}. Fix: {fix}")
+        head = (f"{shown} copies device data to the host {entry['count']} time(s) "
+                f"({rate:.2g} per step after warm-up, {entry['bytes']} bytes in all, "
+                f"{entry['wait_s']:.2f} s waiting)")
         findings.append(finding(
-            "TPU703", message, where, None if hot else Severity.INFO,
-            "sync" if hot else None, method=method, fix=fix,
+            "TPU703", head, where, None if hot else Severity.INFO, "sync" if hot else None,
+            cause=f"the host waits for the device{' every step' if hot else ''}", fix=fix,
+            method=method,
             count=entry["count"], per_step=round(rate, 4), bytes=entry["bytes"],
             wait_s=round(entry["wait_s"], 6), steps=sorted(entry["steps"])[:50]))
     return findings

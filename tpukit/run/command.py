@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpukit.errors import UsageError
-from tpukit.findings import Finding, FixKind, Location
+from tpukit.findings import Explanation, Finding, FixKind, Location, said
 from tpukit.suppress import split_files
 from tpukit.render import Format, Report, render
 from tpukit.render.run_summary import print_profile, print_summary, summary_line
@@ -116,10 +116,13 @@ def _cuda_finding(script: str, idioms: list[dict]) -> Finding:
     # The code the finding quotes (its first `...`), whole: `self.model.cuda()`, not `self`.
     quoted = re.search(r"`[^`]+`", first["message"])
     what = quoted.group(0) if quoted else first["code"]
-    message = (f"{script} still has {len(idioms)} CUDA idiom(s) ({', '.join(codes)}; first at line "
-               f"{first['line']}: {what}): run `tpukit migrate {script}` first")
-    return Finding.from_rule(rule, Location(script, first["line"], first["col"]), message,
-                             fix=FixKind.NONE)
+    head = (f"{script} still has {len(idioms)} CUDA idiom(s) ({', '.join(codes)}; first at line "
+            f"{first['line']}: {what})")
+    why = Explanation("the run measures a port that is not the one you will ship (on a TPU "
+                      "without the runtime layer, it fails there)",
+                      f"run `tpukit migrate {script}` first")
+    return Finding.from_rule(rule, Location(script, first["line"], first["col"]), said(head, why),
+                             fix=FixKind.NONE, explanation=why)
 
 
 def _debug_log_path(env: dict) -> tuple[Path, bool]:

@@ -79,7 +79,7 @@ def recompile_findings(steps: list[Step], loops: Loops, script: str,
                 elif previous is None and not _replaced_later(line, event.graph_hash, step.index, steps):
                     found.first_graphs += 1
                     severity, fails_on = Severity.INFO, None
-                    cause = ("; it is the first graph from this line, which first ran after warm-up "
+                    cause = ("it is the first graph from this line, which first ran after warm-up "
                              "and compiled nothing new after: code that runs now and then (an "
                              "evaluation, a logging step, a checkpoint), not a recompile")
                     extra.pop("fix", None)
@@ -144,21 +144,23 @@ def _variants(steps: list[Step], loops: Loops, script: str, graphs: dict,
         if toggle is not None and _same_file(where[0], script) and toggle[0] < where[1]:
             # the switch comes before the line, in the script: the micro-steps it governs
             line, code = toggle
-            why = (f". DistributedDataParallel's gradient all-reduce is switched at line {line} "
+            why = (f"DistributedDataParallel's gradient all-reduce is switched at line {line} "
                    f"(`{code}`): the micro-steps' backward skips it and the last one runs it, "
                    "a graph each. Expected with gradient accumulation; nothing to fix")
             extra["sync_toggle"] = {"path": script, "line": line}
+            also = ((script, line),)
         elif differ:
-            why = (". Expected when a step runs this line more than once with different work "
+            why = ("expected when a step runs this line more than once with different work "
                    "(micro-steps, a step-dependent branch): each variant costs one compile and "
                    "its memory, not a compile per step")
+            also = ()
         else:
             continue  # nothing to tell the user that the step's time does not already
-        message = (f"this line runs {len(hashes)} different graphs in every step after warm-up "
-                   f"(hashes {', '.join(_short(h) for h in hashes)}), each compiled once and "
-                   f"reused{differ}{why}")
-        findings.append(finding("TPU701", message, where, Severity.INFO, None, kind="variants",
-                                graphs=list(hashes), **extra))
+        head = (f"this line runs {len(hashes)} different graphs in every step after warm-up "
+                f"(hashes {', '.join(_short(h) for h in hashes)}), each compiled once and "
+                f"reused{differ}")
+        findings.append(finding("TPU701", head, where, Severity.INFO, None, cause=why, also=also,
+                                kind="variants", graphs=list(hashes), **extra))
     return findings
 
 
@@ -247,8 +249,9 @@ def _merge(group: list[RunFinding]) -> RunFinding:
     graphs = sum(len(f.extra.get("graphs", ())) or 1 for f in group)
     steps = [f.extra["step"] for f in group]
     head = (f"{len(group)} steps ({', '.join(map(str, steps[:8]))}{', ...' if len(steps) > 8 else ''}) "
-            f"recompiled at this line for one cause: {graphs} new graph(s), {total:.2f} s in all; ")
-    fix = first.extra.get("fix", "")
+            f"recompiled at this line for one cause, {graphs} new graph(s), {total:.2f} s in all")
+    fix = first.explanation.fix if first.explanation else ""
+    also = first.explanation.where if first.explanation else ()
     more = f"; and {len(group) - 4} more" if len(group) > 4 else ""
     extra = {**first.extra, "steps": steps, "compile_s": total,
              "occurrences": [{"step": f.extra["step"], "previous_step": f.extra.get("previous_step"),
@@ -261,9 +264,10 @@ def _merge(group: list[RunFinding]) -> RunFinding:
     if not first.extra.get("changes"):
         d = first.extra["graph_diff"]
         shown = "; ".join(f"step {f.extra['step']}: {f.extra['graph_diff']['what']}" for f in group[:4])
-        message = (head + f"each time the graphs differed first at {Path(d['path']).name}:{d['line']}: "
-                   f"{shown}{more}" + (f". Fix: {fix}" if fix else ""))
-        return finding("TPU701", message, where, first.severity, first.fails_on, **extra)
+        cause = (f"each time the graphs differed first at {Path(d['path']).name}:{d['line']}: "
+                 f"{shown}{more}")
+        return finding("TPU701", head, where, first.severity, first.fails_on, cause=cause,
+                       fix=fix, also=[(w.path, w.line) for w in also], **extra)
 
     def sizes(f: RunFinding) -> str:
         c = f.extra["changes"][0]
@@ -276,8 +280,9 @@ def _merge(group: list[RunFinding]) -> RunFinding:
     span = f" ({len(seen)} sizes of dim {', '.join(map(str, dims))}: {seen[0]}..{seen[-1]})" if seen else ""
     names = ", ".join(c["name"] + (f" (line {c['line']})" if c.get("line") else "")
                       for c in first.extra["changes"])
-    message = head + f"each time {names} changed{span}: {shown}" + (f". Fix: {fix}" if fix else "")
-    return finding("TPU701", message, where, first.severity, first.fails_on, **extra)
+    return finding("TPU701", head, where, first.severity, first.fails_on,
+                   cause=f"each time {names} changed{span}: {shown}", fix=fix,
+                   also=[(w.path, w.line) for w in also], **extra)
 
 
 GROWING = 3  # distinct graphs from one line within one step: a loop that nothing ends
@@ -332,12 +337,13 @@ def _unbarriered(step: Step, graphs: dict, script: str, steps: list[Step]) -> li
             # IR debug cannot see past): the loop's own end, from the script's source
             end = (f"at the end of each iteration: after line {loop[1]}, the last line of the "
                    f"loop at line {loop[0]}")
-        message = (f"step {step.index}: XLA compiled {len(hashes)} different graphs from this line "
-                   f"within one step ({step.compile_s:.2f} s of compiling in the step){grew}: "
-                   "nothing ends the loop's iterations, so each one's graph carries the ops still "
-                   "pending from the one before (an update that is never materialised). Fix: "
-                   f"add `torch_xla.sync()` {end}")
-        findings.append(finding("TPU701", message, where, fails_on="recompile", step=step.index,
+        head = (f"step {step.index}: XLA compiled {len(hashes)} different graphs from this line "
+                f"within one step ({step.compile_s:.2f} s of compiling in the step){grew}")
+        findings.append(finding("TPU701", head, where, fails_on="recompile",
+                                cause="nothing ends the loop's iterations, so each one's graph "
+                                "carries the ops still pending from the one before (an update "
+                                "that is never materialised)",
+                                fix=f"add `torch_xla.sync()` {end}", step=step.index,
                                 compile_s=round(step.compile_s, 6), graphs=hashes,
                                 kind="no-barrier", sizes=sizes))
     return findings
@@ -367,20 +373,16 @@ def _read_cut(step: Step, where, hashes: list[str], reads: list[str], sizes: lis
     what = ", ".join(f"`{m}` x{n}" for m, n in Counter(reads).items())
     check = ("" if explained else " (`--explain-graphs` tells: a loop without a barrier makes "
              "each graph bigger than the last)")
-    message = (f"step {step.index}: XLA compiled {len(hashes)} different graphs from this line "
-               f"within one step ({step.compile_s:.2f} s of compiling in the step), and the line "
-               f"read the device {len(reads)} time(s) ({what}): each read runs the graph pending "
-               "at that point, so a line that reads several values compiles a graph per read. "
-               "Fix: read them at once (`torch.stack([a, b]).tolist()`) or less often (TPU703); "
-               "if the line is in a loop with no barrier, add `torch_xla.sync()` at the end of "
-               f"each iteration{check}")
-    return finding("TPU701", message, where, fails_on="sync", step=step.index,
+    head = (f"step {step.index}: XLA compiled {len(hashes)} different graphs from this line "
+            f"within one step ({step.compile_s:.2f} s of compiling in the step), and the line "
+            f"read the device {len(reads)} time(s) ({what})")
+    return finding("TPU701", head, where, fails_on="sync",
+                   cause="each read runs the graph pending at that point, so a line that reads "
+                   "several values compiles a graph per read",
+                   fix="read them at once (`torch.stack([a, b]).tolist()`) or less often "
+                   "(TPU703); if the line is in a loop with no barrier, add `torch_xla.sync()` "
+                   f"at the end of each iteration{check}", step=step.index,
                    compile_s=round(step.compile_s, 6), graphs=hashes, kind="read-cut", sizes=sizes)
-
-
-def _fixed(message: str, extra: dict) -> str:
-    """The message with its fix (the finding's `fix` field) said last."""
-    return message + (f". Fix: {extra['fix']}" if extra.get("fix") else "")
 
 
 def _cause_finding(step: Step, severity: Severity | None, fails_on: str | None, cause: str,
@@ -388,14 +390,18 @@ def _cause_finding(step: Step, severity: Severity | None, fails_on: str | None, 
     """The finding for the graphs of one step that one cause recompiled: at the first one's
     line, naming the others' lines, with the time they cost."""
     (first, where, extra), others = graphs[0], graphs[1:]
-    cause = _fixed(cause, extra)
+    extra = dict(extra)
+    fix = extra.pop("fix", "")
+    collate = extra.get("collate")
+    parts = {"cause": cause, "fix": fix,
+            "also": ((collate["path"], collate["line"]),) if collate else ()}
     # torch_xla times compiles per step, not per graph: with several, say the step's total
     if not others:
         took = (f"{extra['compile_s']:.2f} s" if compiled <= 1 else
                 f"one of {compiled} graphs compiled in this step, {step.compile_s:.2f} s in all")
         head = (f"step {step.index}: XLA compiled a new graph (hash {_short(first.graph_hash)}, "
                 f"{took}) materialising tensors at this line")
-        return finding("TPU701", head + cause, where, severity, fails_on, **extra)
+        return finding("TPU701", head, where, severity, fails_on, **parts, **extra)
     lines = sorted({w for _, w, _ in others if w != where})
     at = ("this line" + (" and " + ", ".join(f"{Path(p).name}:{n}" for p, n in lines)
                          if lines else ""))
@@ -407,7 +413,7 @@ def _cause_finding(step: Step, severity: Severity | None, fails_on: str | None, 
     extra = {**extra, "compile_s": round(sum(x["compile_s"] for _, _, x in graphs), 6),
              "graphs": [{"graph_hash": e.graph_hash, "path": w[0], "line": w[1]}
                         for e, w, _ in graphs]}
-    return finding("TPU701", head + cause, where, severity, fails_on, **extra)
+    return finding("TPU701", head, where, severity, fails_on, **parts, **extra)
 
 
 def _recompile(step: Step, event, previous: Step | None, compile_s: float,
@@ -417,7 +423,7 @@ def _recompile(step: Step, event, previous: Step | None, compile_s: float,
     --fail-on recompile ignores), the cause said after the finding's head, extra) of one
     recompiled graph."""
     extra = {"step": step.index, "graph_hash": event.graph_hash, "compile_s": round(compile_s, 6),
-             "cause": event.cause, "changes": [], "previous_step": None}
+             "xla_reason": event.cause, "changes": [], "previous_step": None}
     changes = diff(previous.shapes, step.shapes) if previous is not None else []
     dynamic = _data_dependent_lines(step, fallback_lines)
     settled = loops.settled_at(Loops.key(step))
@@ -428,14 +434,14 @@ def _recompile(step: Step, event, previous: Step | None, compile_s: float,
         cause = (" DistributedDataParallel does this: its reducer rebuilds the gradient buckets "
                  "after the first iteration (static_graph=True also traces the first "
                  "iterations), so the graph changes in the first few steps." if ddp else "")
-        message = (f"; every step of this loop up to its step {settled} compiled and none "
+        message = (f"every step of this loop up to its step {settled} compiled and none "
                    f"after ({SETTLED}+ steps): a warm-up longer than --warmup {loops.warmup}, not "
                    f"a recurring recompile.{cause} `--warmup {settled}` counts these steps as "
                    "warm-up")
         extra.update(previous_step=previous.index if previous else None, warmup_steps=settled)
         return Severity.INFO, None, message, extra
     if previous is None:
-        message = ("; it is the first graph from this line. Expected if this code runs "
+        message = ("it is the first graph from this line. Expected if this code runs "
                    "once (evaluation, a checkpoint); if it repeats, raise --warmup or look at why "
                    "the graph is new")
         return None, "recompile", message, extra
@@ -444,7 +450,7 @@ def _recompile(step: Step, event, previous: Step | None, compile_s: float,
         change["line"] = origin[1] if origin else None
     extra.update(changes=changes, previous_step=previous.index)
     if not changes:
-        message = (f"; against step {previous.index}'s graph from this line no batch or "
+        message = (f"against step {previous.index}'s graph from this line no batch or "
                    "forward input changed shape or dtype, so the graph itself changed")
         if dynamic:
             extra["data_dependent"] = dynamic  # the cause: no graph diff needed
@@ -459,7 +465,7 @@ def _recompile(step: Step, event, previous: Step | None, compile_s: float,
                             "instruction and the line that differ")
         return None, "recompile", message, extra
     what = "; ".join(describe(c) for c in changes)
-    message = f"; changed since step {previous.index}: {what}"
+    message = f"the inputs changed since step {previous.index}: {what}"
     extra["fix"] = _shape_fix(changes)
     if step.collate and not all(c["dims"] == [0] for c in changes):
         name, path, line = step.collate

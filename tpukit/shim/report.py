@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tpukit.config import display_path
+from tpukit.findings import Explanation, said
 from tpukit.shim.sites import Redirect
 
 
@@ -25,33 +26,39 @@ def fix(record: Redirect, ported: str | None = None) -> str | None:
     return "pass the XLA device (e.g. `--device xla`) to say what the program runs on"
 
 
-def message(record: Redirect, ported: str | None = None) -> str:
-    """`ported`: the migrate rule that would change the call's line, where the run checked
-    the program (TPU704's check): then the program's call is one `tpukit migrate` ports."""
+def parts(record: Redirect, ported: str | None = None) -> tuple[str, str, str]:
+    """(what happened, its cause, the fix) of one call site, for a finding's head and
+    explanation. `ported`: the migrate rule that would change the call's line, where the run
+    checked the program (TPU704's check): then the program's call is one `tpukit migrate`
+    ports."""
     site = f"{shown(record.path)}:{record.line}"
     text = " ".join(record.code.split())
     calls = f" ({record.count} calls)" if record.count > 1 else ""
-    said = f"`{text}` ({record.api})" if text else f"`{record.api}`"
-    change = fix(record, ported)
+    what = f"`{text}` ({record.api})" if text else f"`{record.api}`"
+    change = fix(record, ported) or ""
     if record.refused:
         where = "" if record.in_program or not record.program_path else (
             f" (reached from {shown(record.program_path)}:{record.program_line})")
-        return (f"{said} at {site}{where} has no TPU meaning: {record.action}; "
-                f"the layer raised instead of CUDA's driver error: {change}")
+        return (f"{what} at {site}{where} has no TPU meaning{calls}",
+                f"{record.action}; the layer raised instead of CUDA's driver error", change)
     if not record.in_program:
         where = (f"reached from {shown(record.program_path)}:{record.program_line}"
                  if record.program_path else "reached from no line of the program")
-        return f"{said}, in code tpukit does not rewrite, {where}: {record.action}{calls}"
+        return f"{what}, in code tpukit does not rewrite, {where}{calls}", record.action, change
+    covered = f"{record.action} (the layer covered for the port here"
     if ported:
-        return (f"{said} in the program: {record.action}; `tpukit migrate "
-                f"{shown(record.path)}` ports this line ({ported}): run it (the layer covered "
-                f"for the port here){calls}")
+        return (f"{what} in the program{calls}",
+                f"{covered}; `tpukit migrate` ports this line ({ported}))", change)
     if record.literal:
-        return (f"{said} in the program names CUDA: {record.action}; "
-                f"`tpukit migrate {shown(record.path)}` ports this line: run it (the layer "
-                f"covered for the port here){calls}")
-    return (f"{said} in the program got a CUDA device from a value (a "
-            f"command-line option, a config file): {record.action}; {change}{calls}")
+        return f"{what} in the program names CUDA{calls}", f"{covered})", change
+    return (f"{what} in the program got a CUDA device from a value (a command-line option, a "
+            f"config file){calls}", record.action, change)
+
+
+def message(record: Redirect, ported: str | None = None) -> str:
+    """The call site said in one line (`tpukit run`'s stderr, the finding's message)."""
+    head, cause, change = parts(record, ported)
+    return said(head, Explanation(cause, change))
 
 
 def findings(records: list[Redirect], ported: dict | None = None) -> list:
@@ -65,12 +72,14 @@ def findings(records: list[Redirect], ported: dict | None = None) -> list:
         if record.refused:
             code = "TPU708"
         rule = (ported or {}).get((_resolved(record.path), record.line))
-        out.append(finding(code, message(record, rule), (shown(record.path), record.line, record.col),
-                       api=record.api, action=record.action, count=record.count,
-                       in_program=record.in_program, literal=record.literal,
-                       ported_by=rule,
-                       program_path=shown(record.program_path) if record.program_path else None,
-                       program_line=record.program_line, fix=fix(record, rule)))
+        head, cause, change = parts(record, rule)
+        out.append(finding(code, head, (shown(record.path), record.line, record.col),
+                           cause=cause, fix=change, api=record.api, action=record.action,
+                           count=record.count, in_program=record.in_program,
+                           literal=record.literal, ported_by=rule,
+                           program_path=(shown(record.program_path) if record.program_path
+                                         else None),
+                           program_line=record.program_line))
     return out
 
 
