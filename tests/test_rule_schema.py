@@ -49,6 +49,29 @@ def test_a_misspelt_target_key_and_an_example_key(tmp_path):
         _parse(path)
 
 
+def test_an_examples_owner_is_the_program_or_library_code(tmp_path):
+    path, _ = _copy_with(tmp_path, "TPU102-cuda-method.toml", '[[examples]]\nowner = "library"',
+                         '[[examples]]\nowner = "vendor"')
+    with pytest.raises(RuleError, match=r"TPU102-cuda-method.toml: an example's owner is 'vendor', "
+                                        r"not one of program, library"):
+        _parse(path)
+    owners = {e.owner for rule in load_rules().values() for e in rule.examples}
+    assert owners == {"program", "library"}
+
+
+def test_a_library_example_runs_as_library_code():
+    # the same source as a library example and as the program's: a library module that
+    # imports a CUDA-only package is left as it is, the program's is ported
+    from test_rules import migrated
+
+    from tpukit.rules import Example
+
+    source = "import torch\nimport triton\nx = torch.zeros(2).cuda()\n"
+    as_library = migrated(Example(source, {}, owner="library"), "xla", source)
+    as_program = migrated(Example(source, {}), "xla", source)
+    assert as_library.new_source == source and ".cuda()" not in as_program.new_source
+
+
 def test_an_unknown_engine_and_a_wrong_type(tmp_path):
     path, _ = _copy_with(tmp_path, "TPU112-cuda-synchronize.toml", 'engine = "call-map"', 'engine = "cal-map"')
     with pytest.raises(RuleError, match=r"TPU112-cuda-synchronize.toml:13: unknown engine 'cal-map'"):

@@ -8,12 +8,23 @@ import re
 import pytest
 
 from tpukit.migrate.engine import MigrateOptions, migrate_source
+from tpukit.migrate.ownership import Owner
 from tpukit.migrate.transforms.base import transform_for
 from tpukit.rules import TARGETS, load_rules, rules_dir, select_rules
 
 RULES = load_rules()
 ALL = MigrateOptions(rules=select_rules([], []))
 OPTIONS = {target: MigrateOptions(rules=ALL.rules, target=target) for target in TARGETS}
+# an example marked `owner = "library"` is a package's module (its __init__.py) under
+# --library-mode; any other, a script of the user's program
+LIBRARY = {target: MigrateOptions(rules=ALL.rules, target=target, owner=Owner.LIBRARY)
+           for target in TARGETS}
+
+
+def migrated(example, target: str, source: str):
+    if example.owner == "library":
+        return migrate_source(source, "__init__.py", LIBRARY[target])
+    return migrate_source(source, "example.py", OPTIONS[target])
 # Every example is a test for every target it names (`xla = ...`, `torchtpu = ...`).
 EXAMPLES = [
     pytest.param(rule, target, example, id=f"{code}-example{i + 1}-{target}")
@@ -88,7 +99,7 @@ def test_migrate_runs_only_code_rules():
 @pytest.mark.parametrize("rule,target,example", EXAMPLES)
 def test_example_migrates_to_its_expected_form(rule, target, example):
     before = example.before.lstrip("\n")
-    migration = migrate_source(before, "example.py", OPTIONS[target])
+    migration = migrated(example, target, before)
     expected = example.expected[target].lstrip("\n")
     assert migration.new_source == expected
     codes = {f.code for f in migration.findings}
@@ -104,7 +115,7 @@ def test_example_migrates_to_its_expected_form(rule, target, example):
 def test_example_output_is_python_and_a_fixed_point(rule, target, example):
     expected = example.expected[target].lstrip("\n")
     ast.parse(expected)
-    again = migrate_source(expected, "example.py", OPTIONS[target])
+    again = migrated(example, target, expected)
     assert again.new_source == expected
 
 

@@ -325,13 +325,19 @@ def test_cuda_idioms_left_in_the_script_are_said_up_front(tmp_path, run_cli):
     assert finding["line"] == 2
 
 
-def test_the_cuda_idiom_warning_quotes_the_whole_call():
+def test_the_cuda_idiom_warning_quotes_the_whole_call_from_the_source(tmp_path):
     from tpukit.run.command import _cuda_finding
 
-    idioms = [{"code": "TPU102", "line": 136, "col": 9,
-               "message": "`self.model.cuda()` -> `self.model.to(device)`: moves it. Then"}]
-    finding = _cuda_finding("train.py", idioms)
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n" * 135 + "        self.model.cuda()\n")
+    # the code is read at the finding's span, not from its message's words
+    idioms = [{"code": "TPU102", "line": 136, "col": 9, "end_line": 136, "end_col": 26,
+               "message": "`self` moves"}]
+    finding = _cuda_finding(str(script), idioms)
     assert "first at line 136: `self.model.cuda()`)" in finding.message
+    assert finding.explanation.fix == f"run `tpukit migrate {script}` first"
+    unread = _cuda_finding(str(tmp_path / "gone.py"), idioms)
+    assert "first at line 136: TPU102)" in unread.message
 
 
 def _grad_accum(tmp_path, *args) -> dict:

@@ -52,7 +52,11 @@ _CALL_KEYS = frozenset({
 # Tables whose keys are names (of messages, modules, variables), each mapped to a string.
 _NAME_TABLES = ("messages", "moved", "internal", "env")
 _FIELD = re.compile(r"^[a-z_][a-z0-9_]*$")
-_EXAMPLE_KEYS = frozenset({"before", "codes"} | set(TARGETS) | {f"codes_{t}" for t in TARGETS})
+_EXAMPLE_KEYS = frozenset({"before", "codes", "owner"} | set(TARGETS)
+                          | {f"codes_{t}" for t in TARGETS})
+# Whose code an example is: the user's program (ported whole), or a package's library code
+# (`--library-mode`: CUDA-only paths and the package's own choices left as they are).
+EXAMPLE_OWNERS = ("program", "library")
 
 
 def _line_of(text: str, key: str, after: str = "") -> int:
@@ -152,6 +156,7 @@ class Example:
     codes: tuple[str, ...] | None = None  # exactly the codes reported on `before`, if given
     # `codes_<target>`: the codes on a target where they differ from `codes`
     target_codes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    owner: str = "program"  # one of EXAMPLE_OWNERS
 
     def codes_for(self, target: str) -> tuple[str, ...] | None:
         return self.target_codes.get(target, self.codes)
@@ -270,7 +275,11 @@ def _parse(path: Path) -> Rule:
         expected = {t: raw[t] for t in TARGETS if t in raw}
         codes = tuple(raw["codes"]) if "codes" in raw else None
         target_codes = {t: tuple(raw[f"codes_{t}"]) for t in TARGETS if f"codes_{t}" in raw}
-        examples.append(Example(raw["before"], expected, codes, target_codes))
+        owner = raw.get("owner", "program")
+        if owner not in EXAMPLE_OWNERS:
+            raise RuleError(f"{path}: an example's owner is {owner!r}, not one of "
+                            f"{', '.join(EXAMPLE_OWNERS)}")
+        examples.append(Example(raw["before"], expected, codes, target_codes, owner))
     code_rule = data.get("engine") not in NON_CODE_ENGINES
     if not examples and code_rule:  # environment checks and run findings have no code
         raise RuleError(f"{path}: a rule needs at least one example (examples are its tests)")

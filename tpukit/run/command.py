@@ -11,7 +11,6 @@ import importlib.util
 import io
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -107,15 +106,26 @@ def cuda_check_result(check: subprocess.Popen) -> list[dict]:
         return []
 
 
+def _span_text(script: str, found: dict) -> str | None:
+    """The code a finding covers, from the script's text at its span (`self.model.cuda()`),
+    quoted; None where the file cannot be read or the span runs over several lines."""
+    try:
+        lines = Path(script).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    line, col, end_line, end_col = (found.get(k) for k in ("line", "col", "end_line", "end_col"))
+    if end_line != line or not end_col or not 0 < line <= len(lines):
+        return None
+    return f"`{lines[line - 1][col - 1:end_col - 1]}`"
+
+
 def _cuda_finding(script: str, idioms: list[dict]) -> Finding:
     from tpukit.rules import load_rules
 
     rule = load_rules()["TPU704"]
     first = min(idioms, key=lambda f: (f["line"], f["col"]))
     codes = sorted({f["code"] for f in idioms})
-    # The code the finding quotes (its first `...`), whole: `self.model.cuda()`, not `self`.
-    quoted = re.search(r"`[^`]+`", first["message"])
-    what = quoted.group(0) if quoted else first["code"]
+    what = _span_text(script, first) or first["code"]
     head = (f"{script} still has {len(idioms)} CUDA idiom(s) ({', '.join(codes)}; first at line "
             f"{first['line']}: {what})")
     why = Explanation("the run measures a port that is not the one you will ship (on a TPU "
