@@ -323,6 +323,8 @@ def test_cuda_idioms_left_in_the_script_are_said_up_front(tmp_path, run_cli):
     report = json.loads(proc.stdout.split("\n", 1)[1])
     (finding,) = by_code(report, "TPU704")
     assert finding["line"] == 2
+    # the code quoted is the script's own text at the idiom's span
+    assert "first at line 2: `torch.cuda.is_available()`)" in finding["message"]
 
 
 def test_the_cuda_idiom_warning_quotes_the_whole_call_from_the_source(tmp_path):

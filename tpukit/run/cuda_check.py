@@ -31,6 +31,7 @@ def cuda_idioms(script: Path) -> list[Finding]:
 def main() -> None:
     findings = cuda_idioms(Path(sys.argv[1]))
     json.dump([{"code": f.code, "line": f.location.line, "col": f.location.col,
+                "end_line": f.location.end_line, "end_col": f.location.end_col,
                 "message": f.message} for f in findings], sys.stdout)
 
 
