@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 
 import pytest
@@ -70,6 +71,64 @@ def test_a_library_example_runs_as_library_code():
     as_library = migrated(Example(source, {}, owner="library"), "xla", source)
     as_program = migrated(Example(source, {}), "xla", source)
     assert as_library.new_source == source and ".cuda()" not in as_program.new_source
+
+
+def test_each_table_holds_only_what_its_own_transform_reads():
+    import tpukit.migrate.engine  # noqa: F401  (registers the transforms)
+    from tpukit.migrate.transforms.base import check_tables
+
+    check_tables(load_rules().values())  # the repository's rules: no RuleError
+
+
+def test_another_rules_key_is_refused_at_its_line(tmp_path):
+    # `bucket_view` is TPU402's key: the global set of target keys knows it, CudaMethod does not
+    import tpukit.migrate.engine  # noqa: F401
+    from tpukit.migrate.transforms.base import check_tables
+
+    path, text = _copy_with(tmp_path, "TPU102-cuda-method.toml", '[targets.xla]\n',
+                            '[targets.xla]\nbucket_view = true\n')
+    rule = _parse(path)  # the schema of all rule files lets it through
+    line = text.splitlines().index("bucket_view = true") + 1
+    with pytest.raises(RuleError, match=rf"^rules/TPU102-cuda-method.toml:{line}: unknown key "
+                                        r"'bucket_view' in \[targets.xla\]: CudaMethod .* reads no key "
+                                        r"of its own"):
+        check_tables([rule])
+
+
+def test_every_key_a_transform_reads_from_its_table_is_declared():
+    """The declarations cannot go stale: a literal key a transform module reads from its
+    table (`self.mapping["k"]`, `self.mapping.get("k")`) is in its class's table_keys."""
+    import inspect
+    import sys
+
+    import tpukit.migrate.engine  # noqa: F401
+    from tpukit.migrate.transforms.base import ENGINES, TRANSFORMS
+    from tpukit.rules import DOC_KEYS, RULE_KEYS
+
+    def read(tree) -> set[str]:
+        keys = set()
+        for node in ast.walk(tree):
+            key = None
+            if isinstance(node, ast.Subscript) and _is_mapping(node.value):
+                key = node.slice
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr == "get" and _is_mapping(node.func.value) and node.args):
+                key = node.args[0]
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                keys.add(key.value)
+        return keys
+
+    checked = 0
+    for cls in {*TRANSFORMS.values(), *ENGINES.values()}:
+        tree = ast.parse(inspect.getsource(sys.modules[cls.__module__]))
+        undeclared = read(tree) - cls.table_keys - DOC_KEYS - RULE_KEYS
+        assert not undeclared, f"{cls.__name__} reads {sorted(undeclared)} without declaring them"
+        checked += bool(cls.table_keys)
+    assert checked >= 10
+
+
+def _is_mapping(node) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "mapping"
 
 
 def test_an_unknown_engine_and_a_wrong_type(tmp_path):

@@ -41,6 +41,12 @@ _TARGET_KEYS = frozenset({
     "internal", "keep_returned", "message", "messages", "move_to", "moved", "note", "remove", "rename",
     "rendezvous_env", "replace", "skip", "world_size",
 })
+# Of those, the keys any rule's table may hold: what the rule does in words (shown by `tpukit
+# rules CODE`) and the settings Rule itself reads (fix, skip, message, messages). Every other key is read by one transform, which declares it (Transform.table_keys):
+# check_table_keys refuses a key the rule's own transform does not read, such as another
+# rule's key, which the global set above lets through.
+DOC_KEYS = frozenset({"replace", "insert", "remove", "instead", "note", "drop"})
+RULE_KEYS = frozenset({"fix", "skip", "message", "messages"})
 # `[targets.T.calls."torch.cuda.x"]`: one mapped call.
 _CALL_KEYS = frozenset({
     "as_device", "as_device_note", "as_type", "as_type_note", "before_launch",
@@ -87,6 +93,18 @@ def _unknown(path: Path, text: str, keys, known, where: str, table: str = "") ->
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise RuleError(f"{_display(path)}:{_line_of(text, key, table)}: unknown key '{key}' in "
                             f"{where}{hint}")
+
+
+def check_table_keys(rule: "Rule", reads: frozenset[str], reader: str) -> None:
+    """Raise RuleError at the first key of a `[targets.T]` table of `rule` that neither every
+    table may hold (DOC_KEYS, RULE_KEYS) nor `reader` (the rule's transform) `reads`."""
+    known = DOC_KEYS | RULE_KEYS | reads
+    for target, table in rule.targets.items():
+        if set(table) <= known:
+            continue
+        own = ", ".join(sorted(reads)) or "no key of its own"
+        _unknown(rule.path, rule.path.read_text(encoding="utf-8"), table, known,
+                 f"[targets.{target}]: {reader} reads {own}", f"targets.{target}")
 
 
 def _display(path: Path) -> str:

@@ -24,6 +24,7 @@ from tpukit.migrate.files import (
 )
 from tpukit.migrate.local_imports import local_modules
 from tpukit.migrate.ownership import Owner, Ownership
+from tpukit.migrate.transforms.base import check_tables
 from tpukit.render import Format, Report, render
 from tpukit.rules import select_rules
 
@@ -120,6 +121,7 @@ def build_jobs(request: MigrateRequest) -> list[Job]:
     if request.out_dir is not None:
         files = [f for f in files if out not in real_path(f).parents]
     rules = select_rules(*_selection(request))
+    check_tables(rules)  # a broken rule file is one error before any file, not one per file
     codes = tuple(r.code for r in rules)
     base = _base_of(request.paths)
     ownership = ownership_of(request)

@@ -18,7 +18,7 @@ from tpukit.findings import FixKind, Severity
 from tpukit.migrate import policy
 from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.context import MigrationContext
-from tpukit.rules import Rule, engine_say
+from tpukit.rules import Rule, check_table_keys, engine_say
 
 
 @dataclass
@@ -41,6 +41,10 @@ class Transform:
     claims: frozenset[str] = frozenset()
     # Reads the device variable in scope (ctx.device_expr).
     reads_device_facts: bool = False
+    # The keys of its rule's `[targets.T]` table it reads, besides the ones every table may
+    # hold (rules.DOC_KEYS, rules.RULE_KEYS): a rule file with any other key is refused
+    # (check_tables; tests/test_rule_schema.py checks each module reads no undeclared key).
+    table_keys: frozenset[str] = frozenset()
 
     def __init__(self, rule: Rule, ctx: MigrationContext) -> None:
         self.rule = rule
@@ -130,6 +134,15 @@ def engine(kind: str):
 def transform_for(rule: Rule) -> type[Transform] | None:
     kind = rule.extra.get("engine")
     return ENGINES.get(kind) if kind else TRANSFORMS.get(rule.code)
+
+
+def check_tables(rules) -> None:
+    """Refuse (RuleError, at the file's line) a rule whose target table holds a key its own
+    transform does not read: the one check of the whole selection, before any file."""
+    for rule in rules:
+        cls = transform_for(rule)
+        if cls is not None:
+            check_table_keys(rule, cls.table_keys, f"{cls.__name__} ({cls.__module__})")
 
 
 class HookTable:

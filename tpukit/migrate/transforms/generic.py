@@ -16,6 +16,7 @@ from tpukit.migrate.transforms.base import Transform, transform
 
 @transform("TPU117")
 class UnmappedCudaApi(Transform):
+    table_keys = frozenset({"exported", "internal", "moved", "rename"})
     def visit_Attribute(self, node: cst.Attribute):
         ctx = self.ctx
         if ctx.in_import:

@@ -87,6 +87,7 @@ def _module_statements(body):
 
 @transform("TPU121")
 class TypedTensor(Transform):
+    table_keys = frozenset({"helper"})
     claims = frozenset(TYPED)
     reads_device_facts = True
 

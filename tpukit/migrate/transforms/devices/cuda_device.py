@@ -28,6 +28,8 @@ def _texts_around_a_device(parts) -> bool:
 
 @transform("TPU101")
 class CudaDevice(Transform):
+    # read by device_facts.DeviceFacts: the device every rule writes
+    table_keys = frozenset({"at_import", "device_type", "imports", "move_to"})
     reads_device_facts = True
 
     def __init__(self, rule, ctx) -> None:

@@ -19,6 +19,7 @@ DEVICE_INDEX_KEYWORDS = ("device", "device_id", "output_device")
 
 @transform("TPU405")
 class TorchrunRanks(Transform):
+    table_keys = frozenset({"env"})
     reads_device_facts = True
 
     def statement_triggers(self, source: str) -> set[str]:
