@@ -36,6 +36,10 @@ class MigrationBug(Exception):
         self.line = line
 
 
+# the statements and expressions that may be library code's CUDA-or-CPU choice
+_CHOICES = frozenset({cst.If, cst.IfExp, cst.Assert})
+
+
 class Rewriter(cst.CSTTransformer):
     def __init__(self, ctx: MigrationContext, hooks: HookTable, layout: Layout) -> None:
         super().__init__()
@@ -61,26 +65,28 @@ class Rewriter(cst.CSTTransformer):
             return False
         if id(node) in self.top_level:
             ctx.sink.current_top = node
-        if isinstance(node, cst.Import):
+        # (node types by identity: libcst's node classes have no subclasses, and isinstance
+        # through their ABCMeta cost 5% of a run on every node)
+        node_type = type(node)
+        if node_type is cst.Import:
             ctx.add_import(node)
             ctx.in_import = True
-        elif isinstance(node, cst.ImportFrom):
+        elif node_type is cst.ImportFrom:
             ctx.add_import_from(node)
             ctx.in_import = True
-        elif isinstance(node, cst.FormattedString):
+        elif node_type is cst.FormattedString:
             ctx.fstring_quotes.append(node.quote)
-        elif isinstance(node, cst.Assign):
+        elif node_type is cst.Assign:
             ctx.assign_targets.append([t.target for t in node.targets])
-        elif isinstance(node, (cst.FunctionDef, cst.Lambda)):
+        elif node_type is cst.FunctionDef or node_type is cst.Lambda:
             ctx.functions.append(node)
-        why = (cuda_only_function(node, ctx) if isinstance(node, cst.FunctionDef)
-               else cuda_only_try(node, ctx.path) if isinstance(node, cst.Try)
-               else library_cuda_choice(ctx, node)
-               if isinstance(node, (cst.If, cst.IfExp, cst.Assert)) else None)
+        why = (cuda_only_function(node, ctx) if node_type is cst.FunctionDef
+               else cuda_only_try(node, ctx.path) if node_type is cst.Try
+               else library_cuda_choice(ctx, node) if node_type in _CHOICES else None)
         if why:
             ctx.cuda_only.append(why)
             self.cuda_only_at.add(id(node))  # popped after the node's own leave hooks
-        kind = type(node).__name__
+        kind = node_type.__name__
         for fact in self.facts.visit.get(kind, ()):
             fact(node)
         hooks = self.hooks.visit.get(kind, ())
@@ -137,19 +143,21 @@ class Rewriter(cst.CSTTransformer):
                 self.ctx.cuda_only.pop()
 
     def _leave(self, original: cst.CSTNode, updated: cst.CSTNode):
-        if isinstance(original, cst.Assign):
+        node_type = type(original)
+        if node_type is cst.Assign:
             self.ctx.assign_targets.pop()
-        elif isinstance(original, (cst.FunctionDef, cst.Lambda)):
+        elif node_type is cst.FunctionDef or node_type is cst.Lambda:
             self.ctx.functions.pop()
-        elif isinstance(original, (cst.Import, cst.ImportFrom)):
+        elif node_type is cst.Import or node_type is cst.ImportFrom:
             self.ctx.in_import = False
-        elif isinstance(original, cst.FormattedString):
+        elif node_type is cst.FormattedString:
             self.ctx.fstring_quotes.pop()
-        for fact in self.facts.leave.get(type(original).__name__, ()):
+        kind = node_type.__name__
+        for fact in self.facts.leave.get(kind, ()):
             fact(original)
         if original in self.planned:
             return self.planned.pop(original)
-        if isinstance(updated, cst.SimpleStatementLine) and any(
+        if type(updated) is cst.SimpleStatementLine and any(
                 stmt in self.statement_plans for stmt in original.body):
             # The line's own statements first, so that a rule acting on the whole line (a
             # barrier added after it) sees them rewritten instead of dropping the rewrite.
@@ -157,7 +165,7 @@ class Rewriter(cst.CSTTransformer):
             if not isinstance(updated, cst.SimpleStatementLine) or updated in self.removed_lines:
                 return updated
         edited = None  # (the hook that last changed the node, the parts it replaced)
-        for hook in self.hooks.leave.get(type(original).__name__, ()):
+        for hook in self.hooks.leave.get(kind, ()):
             reported = len(self.ctx.reports)
             result = hook(original, updated)
             if result is not None and result is not updated:
@@ -168,19 +176,22 @@ class Rewriter(cst.CSTTransformer):
                     edited = (hook, _replaced(before, updated))
                 if isinstance(updated, (cst.FlattenSentinel, cst.RemovalSentinel)):
                     return updated
-        if isinstance(updated, cst.BooleanOperation):
+        if type(updated) is cst.BooleanOperation:
             updated = _fold_true(original, updated)
-        if self.ctx.guards and isinstance(updated, (cst.If, cst.IfExp)):
-            updated = restore_unported(self.ctx, updated)
-        elif self.ctx.guards and isinstance(updated, cst.Assign):
-            updated = restore_flags(self.ctx, updated)
-        elif self.ctx.guards and isinstance(updated, cst.For):
-            updated = restore_loop(self.ctx, updated)
-        if isinstance(updated, cst.SimpleStatementLine):
+        if self.ctx.guards:
+            updated_type = type(updated)
+            if updated_type is cst.If or updated_type is cst.IfExp:
+                updated = restore_unported(self.ctx, updated)
+            elif updated_type is cst.Assign:
+                updated = restore_flags(self.ctx, updated)
+            elif updated_type is cst.For:
+                updated = restore_loop(self.ctx, updated)
+        updated_type = type(updated)
+        if updated_type is cst.SimpleStatementLine:
             return self._apply_line_plans(original, updated)
-        if isinstance(updated, cst.SimpleStatementSuite):
+        if updated_type is cst.SimpleStatementSuite:
             return self._apply_suite_plans(original, updated)
-        if isinstance(updated, (cst.IndentedBlock, cst.Module)):
+        if updated_type is cst.IndentedBlock or updated_type is cst.Module:
             if self.ctx.guarded_after:
                 updated = restore_after(self.ctx, updated)
             return self._place_removal_comments(updated)
