@@ -150,7 +150,8 @@ _CHILD_FIELDS: dict[type, tuple[str, ...] | None] = {}
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """`node.children` without its cost: libcst makes them by rebuilding the node (a copy of
     it and a validation per call); this reads the fields that hold them, in the same order
-    (tests/test_engine.py compares both on every node of the fixtures and of torch)."""
+    (tests/test_engine.py compares both on every node of the fixtures and of torch's
+    nn.modules)."""
     node_type = type(node)
     try:
         fields = _CHILD_FIELDS[node_type]
