@@ -116,7 +116,7 @@ def test_each_cpu_fallback_is_named_at_the_line_that_called_it(fallback_run):
     assert line_of(script, "torch.nonzero(labels)") in lines
     assert line_of(script, "logits[logits > 0]") in lines
     finding = by_code(report, "TPU702")[0]
-    assert finding["extra"]["per_step"] >= 2 and "torch.where" in finding["message"]
+    assert finding["extra"]["per_step"] >= 2 and "torch.where" in finding["explanation"]["fix"]
 
 
 def test_item_every_step_is_a_host_sync_warning(fallback_run):
@@ -125,7 +125,7 @@ def test_item_every_step_is_a_host_sync_warning(fallback_run):
     assert sync["line"] == line_of(RUN / "fallback_sync.py", "total += loss.item()")
     assert sync["severity"] == "warning" and sync["extra"]["method"] == "item"
     assert sync["extra"]["count"] == 8 and sync["extra"]["per_step"] == 1.0
-    assert "xm.add_step_closure" in sync["message"]
+    assert "xm.add_step_closure" in sync["explanation"]["fix"]
 
 
 def test_mpdeviceloader_iteration_ends_each_step(fallback_run):
@@ -271,7 +271,7 @@ def test_formatting_a_device_tensor_is_named_as_a_host_read(tmp_path, run_cli):
     (read,) = by_code(json.loads((tmp_path / "r.json").read_text()), "TPU703")
     assert read["line"] == line_of(path, "print(f'{x.sum():.2f}')")
     assert read["extra"]["method"] == "__format__" and read["extra"]["count"] == 5
-    assert "`format(tensor)`" in read["message"] and "every N steps" in read["message"]
+    assert "`format(tensor)`" in read["message"] and "every N steps" in read["explanation"]["fix"]
 
 
 def test_sys_exit_code_passes_through(tmp_path, run_cli):
@@ -396,10 +396,10 @@ def test_the_slice_and_its_line_are_named_when_no_shape_changed(tmp_path, option
     assert diff["op"] == "slice" and diff["kind"] == "changed" and diff["line"] == slice_line
     step = first["extra"]["step"]  # offsets 10 * (step - 2) -> 10 * (step - 1)
     bounds = f"slice={{[{10 * (step - 2)}:{10 * (step - 1)}], [0:16]}}"
-    assert f"{bounds} -> slice={{[{10 * (step - 1)}:{10 * step}], [0:16]}}" in first["message"]
+    assert f"{bounds} -> slice={{[{10 * (step - 1)}:{10 * step}], [0:16]}}" in first["explanation"]["cause"]
     # the same fix as migrate's TPU505, for this line's own slice (one compile for every offset)
     assert ("corpus.index_select(0, torch.arange(corpus.size(0))[i:i + bptt].to(corpus.device))"
-            in first["message"])
+            in first["explanation"]["fix"])
     assert not list((tmp_path / "tmp").glob("tpukit-graphs-*"))  # the dump is removed
 
 
@@ -407,7 +407,7 @@ def test_without_graph_diffs_the_finding_says_where_to_look(tmp_path):
     sync_line = line_of(RUN / "slice_offset.py", "torch_xla.sync()")
     found = _slice_run(tmp_path, "--no-graph-diffs")
     assert found and all(f["line"] == sync_line and "graph_diff" not in f["extra"] for f in found)
-    assert "look for Python numbers" in found[0]["message"]
+    assert "look for Python numbers" in found[0]["explanation"]["fix"]
 
 
 def test_without_source_lines_the_finding_stays_at_the_barrier(tmp_path, monkeypatch):
@@ -439,14 +439,14 @@ def test_a_loop_with_no_barrier_is_named_with_where_the_barrier_goes(tmp_path, e
     assert f"grew from {sizes[0]} to {sizes[-1]} HLO instructions" in found["message"]
     if explain:
         update = line_of(script, "w -= 0.01 * w.grad")
-        assert f"add `torch_xla.sync()` after line {update}" in found["message"]
+        assert found["explanation"]["fix"] == f"add `torch_xla.sync()` after line {update}, the last of the loop's ops, in each iteration"
     else:
         # the loop ran in the first step, which the fallback tracer watches: its ops carry
         # the tracer's frame, not their line (IR debug is off there); the loop's end is read
         # from the script
         loop = line_of(script, "for iteration in range(args.iters):")
         assert (f"at the end of each iteration: after line {found['line']}, the last line of "
-                f"the loop at line {loop}") in found["message"]
+                f"the loop at line {loop}") in found["explanation"]["fix"]
 
 
 @pytest.mark.parametrize("options", [[], ["--explain-graphs"]])
@@ -462,8 +462,8 @@ def test_the_ops_a_step_dependent_branch_adds_are_named(tmp_path, options):
     assert found["extra"]["step"] == 4 and found["line"] == branch
     diff = found["extra"]["graph_diff"]
     assert diff["kind"] == "added" and diff["line"] == branch and diff["ops"][0] < diff["ops"][1]
-    assert "are new in this graph" in found["message"] and "`abs`" in found["message"]
-    assert "torch.where" in found["message"]
+    assert "are new in this graph" in found["explanation"]["cause"] and "`abs`" in found["message"]
+    assert "torch.where" in found["explanation"]["fix"]
 
 
 # A loop that runs until it is stopped: bounded, so a child the test fails to stop still ends
@@ -623,7 +623,7 @@ def test_a_ddp_trainer_is_observed_through_its_launch_and_its_warm_up_is_not_a_f
     report = json.loads((tmp_path / "r.json").read_text())
     recompiles = by_code(report, "TPU701")
     assert recompiles and all(f["severity"] == "info" for f in recompiles)
-    assert all("DistributedDataParallel does this" in f["message"] for f in recompiles)
+    assert all("DistributedDataParallel does this" in f["explanation"]["cause"] for f in recompiles)
     assert {f["extra"]["warmup_steps"] for f in recompiles} == {3}
     assert (tmp_path / "model.pt").exists()
 
