@@ -138,7 +138,12 @@ def transform_for(rule: Rule) -> type[Transform] | None:
 
 def check_tables(rules) -> None:
     """Refuse (RuleError, at the file's line) a rule whose target table holds a key its own
-    transform does not read: the one check of the whole selection, before any file."""
+    transform does not read: the one check of the whole selection, before any file. Every
+    transform module is imported first: a rule whose code is not registered yet would pass
+    unchecked."""
+    from tpukit.migrate.transforms import load_transforms
+
+    load_transforms()
     for rule in rules:
         cls = transform_for(rule)
         if cls is not None:
