@@ -412,13 +412,14 @@ def test_every_message_of_the_engine_file_is_said_and_torchtpu_words_its_own():
         assert set(messages) <= set(said), (target, set(messages) - set(said))
     for key, text in shared["torchtpu"].items():
         assert shared["xla"].get(key) != text, key
-        assert "XLA" not in text, key
+        assert "XLA" not in str(text), key  # a message in parts too
 
 
 def test_a_rule_file_key_wins_over_the_engines_and_a_missing_one_names_the_engine_file():
     rule = load_rules()["TPU407"]
     assert rule.template("xla", "value") == engine_messages("call-map")["xla"]["value"]
-    assert rule.template("torchtpu", "value_removed").startswith("has no TorchTPU equivalent")
+    assert rule.template("torchtpu", "value_removed")["cause"].startswith(
+        "it has no TorchTPU equivalent")
     own = dataclasses.replace(rule, targets={**rule.targets, "xla": {
         **rule.target("xla"), "messages": {"value": "mine"}}})
     assert own.template("xla", "value") == "mine"
@@ -515,3 +516,40 @@ def test_a_guards_finding_is_worded_by_the_migrate_message_file(monkeypatch):
     assert any(f.message == ("LEFT torch.cuda.device_count() | torch.cuda.get_device_capability "
                              "|  in the loop it counts | 0 on a TPU, so the loop does not run")
                for f in result.findings), [f.message for f in result.findings]
+
+
+# Every migrate finding is said in parts (what, cause, fix: findings.Message) and carries
+# them as its explanation, as every `tpukit run` finding does: run every rule's examples and
+# every fixture on both targets and list the findings that came as one string.
+def _findings_of_examples_and_fixtures() -> list:
+    from test_fixtures import CASES, FIXTURES, OPTIONS as FIXTURE_OPTIONS
+    from test_rules import migrated
+
+    found = []
+    for rule in load_rules().values():
+        for example in rule.examples:
+            for target in example.expected:
+                found += [(target, f) for f in migrated(example, target, example.before).findings]
+    for name in CASES:
+        source = (FIXTURES / name / "cuda.py").read_text(encoding="utf-8")
+        for target in TARGETS:
+            found += [(target, f) for f in
+                      migrate_source(source, "cuda.py", FIXTURE_OPTIONS[target]).findings]
+    return found
+
+
+@pytest.fixture(scope="module")
+def example_findings():
+    return _findings_of_examples_and_fixtures()
+
+
+@pytest.mark.parametrize("code", [c for c, r in load_rules().items() if r.checks_code])
+def test_every_migrate_finding_comes_in_parts(code, example_findings):
+    whole = sorted({f"{target}: {f.message}" for target, f in example_findings
+                    if f.code == code and f.explanation is None})
+    assert not whole, "\n".join(whole)
+    for _, finding in example_findings:
+        if finding.code == code:  # said as findings.said says it, with a cause or a fix
+            cause, fix = finding.explanation.cause, finding.explanation.fix
+            assert cause or fix, finding.message
+            assert finding.message.endswith(f". Fix: {fix}" if fix else f": {cause}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from tpukit.findings import FixKind, Severity
+from tpukit.findings import FixKind, Message, Severity
 
 TARGETS = ("xla", "torchtpu")
 _CODE = re.compile(r"^TPU\d{3}$")
@@ -56,7 +56,9 @@ _CALL_KEYS = frozenset({
     "value_ok", "when",
 })
 # Tables whose keys are names (of messages, modules, variables), each mapped to a string.
-_NAME_TABLES = ("messages", "moved", "internal", "env")
+_NAME_TABLES = ("moved", "internal", "env")
+# The parts of a message written as a table (findings.Message)
+MESSAGE_PARTS = ("what", "cause", "fix")
 _FIELD = re.compile(r"^[a-z_][a-z0-9_]*$")
 _EXAMPLE_KEYS = frozenset({"before", "codes", "owner"} | set(TARGETS)
                           | {f"codes_{t}" for t in TARGETS})
@@ -114,9 +116,22 @@ def _display(path: Path) -> str:
     return f"{path.parent.name}/{path.name}"
 
 
-def _template_problem(template: str) -> str | None:
-    """What is wrong with a message template, or None: its fields are `{lowercase_name}`s
-    (filled by Transform.say), and a brace of its text is written `{{` or `}}`."""
+def _template_problem(template) -> str | None:
+    """What is wrong with a message template, or None: a string, or a table of MESSAGE_PARTS
+    (a message in parts, findings.Message) whose values are strings; its fields are
+    `{lowercase_name}`s (filled by Transform.say), and a brace of its text is written `{{` or
+    `}}`."""
+    if isinstance(template, dict):
+        unknown = sorted(set(template) - set(MESSAGE_PARTS))
+        if unknown or not template:
+            return f"a message table holds {', '.join(MESSAGE_PARTS)} (not {', '.join(unknown)})"
+        for part in template.values():
+            problem = _template_problem(part) if isinstance(part, str) else "not a string"
+            if problem:
+                return problem
+        return None
+    if not isinstance(template, str):
+        return "not a string or a table of " + ", ".join(MESSAGE_PARTS)
     try:
         parts = list(string.Formatter().parse(template))
     except ValueError as exc:
@@ -234,7 +249,7 @@ class Rule:
                 return messages[key]
         return None
 
-    def say(self, target: str, key: str, /, **values) -> str:
+    def say(self, target: str, key: str, /, **values) -> str | Message:
         """The message `key` on `target`, its `{fields}` filled from `values`: every text a
         migrate rule reports is a template in its rule file. A key that is not there is a
         RuleError (tests/test_rule_messages.py finds any in the source first)."""
@@ -245,7 +260,7 @@ class Rule:
             shared = f" (nor in rules/engines/{engine}.toml)" if engine_messages(engine or "") \
                 else ""
             raise RuleError(f"{_display(self.path)}: no message '{key}' in {tables}{shared}")
-        return template.format(**values)
+        return filled(template, values)
 
     @property
     def checks_code(self) -> bool:
@@ -332,13 +347,21 @@ def _parse(path: Path) -> Rule:
 MESSAGE_FILES = ENGINE_KINDS + ("migrate",)
 
 
-def engine_say(engine: str, key: str, /, target: str = "xla", **values) -> str:
+def engine_say(engine: str, key: str, /, target: str = "xla", **values) -> str | Message:
     """Message `key` of rules/engines/ENGINE.toml on `target` (xla's where TorchTPU words it
     the same), its `{fields}` filled from `values`; a key the file lacks is a RuleError."""
     messages = engine_messages(engine)
     template = messages.get(target, {}).get(key, messages.get("xla", {}).get(key))
     if template is None:
         raise RuleError(f"rules/engines/{engine}.toml: no message '{key}'")
+    return filled(template, values)
+
+
+def filled(template: str | dict, values: dict) -> str | Message:
+    """A template with its `{fields}` filled: a string stays one (a part of another message's
+    text), a table of MESSAGE_PARTS is a Message."""
+    if isinstance(template, dict):
+        return Message(**{part: text.format(**values) for part, text in template.items()})
     return template.format(**values)
 
 
@@ -367,7 +390,7 @@ def _engine_messages(folder: Path, engine: str) -> dict[str, dict[str, str]]:
         _unknown(path, text, table, {"messages"}, f"[targets.{target}]", f"targets.{target}")
         messages[target] = table.get("messages", {})
         for name, template in messages[target].items():
-            problem = _template_problem(template) if isinstance(template, str) else "not a string"
+            problem = _template_problem(template)
             if problem:
                 line = _line_of(text, name, f"targets.{target}.messages")
                 raise RuleError(f"{_display(path)}:{line}: targets.{target}.messages.{name}: "

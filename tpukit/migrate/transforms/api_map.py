@@ -36,7 +36,7 @@ import re
 
 import libcst as cst
 
-from tpukit.findings import FixKind
+from tpukit.findings import FixKind, Message
 from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.context import dotted, string_value
 from tpukit.migrate.guards import unported_cuda_call
@@ -74,12 +74,19 @@ class CallMap(Transform):
             return None, None
         return name, entry
 
-    def _describe(self, call: cst.Call, new: str, entry: dict) -> str:
+    def _describe(self, call: cst.Call, new: str, entry: dict) -> Message:
+        """`call` -> `new`, with the entry's note (else the rule's message) as the cause."""
         note = entry.get("note") or self.rule.message_for(self.ctx.target) or self.rule.summary
-        return f"`{self.ctx.short(call)}` -> `{new}`: {note}"
+        return Message(f"`{self.ctx.short(call)}` -> `{new}`", note)
 
-    def _manual(self, call: cst.Call, text: str) -> None:
-        self.ctx.report(self.rule, call, f"`{self.ctx.short(call)}`: {text}", False, fix=FixKind.NONE)
+    def _manual(self, call: cst.Call, text: str | Message) -> None:
+        """Report `call` as left for a person: `text` is an entry's own text (`instead`,
+        `otherwise`: the fix to make; `gpu_count`: why it cannot be made) or a message of
+        rules/engines/call-map.toml in parts (what `call` is follows it)."""
+        if isinstance(text, str):
+            text = Message(fix=text)
+        head = Message(f"`{self.ctx.short(call)}`: " if text.what else f"`{self.ctx.short(call)}`")
+        self.ctx.report(self.rule, call, head + text, False, fix=FixKind.NONE)
 
     def _format(self, template: str, call: cst.Call) -> str:
         positional = [self.ctx.code(a.value) for a in call.args if a.keyword is None]
@@ -258,7 +265,7 @@ class CallMap(Transform):
         elif "gpu_count" in entry and any(
                 self.ctx.values.uses_of(K.SCALE, t) for t in self._targets()):
             # `n_gpu = ...` that scales a batch size (`batch_size * n_gpu`)
-            self._manual(node, entry["gpu_count"])
+            self._manual(node, Message(cause=entry["gpu_count"]))
             return None
         elif self.ctx.at_import_time() and STARTS_RUNTIME.search(template):
             if "before_launch" in entry:  # what runs before torch_xla.launch runs here too
