@@ -417,10 +417,25 @@ def test_cuda_only_functions_are_not_rewritten(function):
     assert all("not rewritten" in f.message for f in result.findings if f.code in ("TPU101", "TPU102"))
 
 
-def test_a_negated_guard_guards_the_cuda_path_after_it():  # torch's checkpoint stager
-    source = ("import torch\n\ndef stage(pin_memory):\n    if pin_memory and not torch.cuda.is_available():\n"
-              "        pin_memory = False\n    return tensor.pin_memory() if pin_memory else tensor\n")
-    assert "and not torch.cuda.is_available():" in fixed_point(source)
+def test_a_flag_a_guard_sets_keeps_the_guard_where_it_decides_unported_cuda():
+    # torch's checkpoint stager: the flag the guard turns off decides a CUDA-only call
+    # (torch.cuda._pin_memory_utils, which no rule ports) in another method
+    stager = ("import torch\nimport torch.cuda._pin_memory_utils as pin_utils\n\nclass Stager:\n"
+              "    def __init__(self, {flag}=False):\n"
+              "        if {flag} and not torch.cuda.is_available():\n"
+              "            self.{flag} = False\n        else:\n            self.{flag} = {flag}\n\n"
+              "    def stage(self, storage):\n        if self.{flag}:\n"
+              "            pin_utils.pin_memory(storage.data_ptr(), storage.nbytes())\n")
+    for flag in ("pin_memory", "keep"):  # what the flag is called decides nothing
+        assert "and not torch.cuda.is_available():" in fixed_point(stager.format(flag=flag))
+    # a flag that decides only what a rule ports (TPU301 drops `.pin_memory()` on XLA): the
+    # guard is ported, whatever the flag is called
+    for flag in ("pin_memory", "flag"):
+        new = fixed_point(f"import torch\n\ndef stage({flag}):\n"
+                          f"    if {flag} and not torch.cuda.is_available():\n"
+                          f"        {flag} = False\n"
+                          f"    return tensor.pin_memory() if {flag} else tensor\n")
+        assert "torch.cuda" not in new and f"return tensor if {flag} else tensor" in new
 
 
 def test_a_per_rank_path_built_in_two_steps_is_still_per_rank():  # accelerate's checkpointing

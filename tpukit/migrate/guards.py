@@ -60,6 +60,13 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
         if named is not None:
             restore[key] = _put_back(ctx, key, named, "where_other_branch")
             continue
+        flag = _flag_deciding_cuda(ctx, updated) if isinstance(updated, cst.If) else None
+        if flag is not None:
+            # `if pin_memory and not torch.cuda.is_available(): self.pin_memory = False`, read
+            # by `if self.pin_memory: torch.cuda._pin_memory_utils.pin_memory(...)` (torch's
+            # checkpoint stager): the flag the guard sets decides CUDA-only code elsewhere
+            restore[key] = _put_back(ctx, key, flag[1], "where_under_flag", name=flag[0])
+            continue
         if guarded is None and isinstance(updated, cst.If) and (
                 ctx.target == "xla" or _exits(updated.body)):
             # `if not available: return` / `...: pin_memory = False`: the CUDA path is what
@@ -240,6 +247,24 @@ def restore_after(ctx: MigrationContext, block: cst.IndentedBlock | cst.Module):
     return block.with_changes(body=body) if changed else block
 
 
+def _flag_deciding_cuda(ctx: MigrationContext, node: cst.If) -> tuple[str, str] | None:
+    """A name or attribute an `if`'s branches assign (`use_pin = False`, `self.pin = flag`)
+    that elsewhere decides CUDA-only code no rule ports, with that code; else None."""
+    names = []
+    for branch in filter(None, (node.body, node.orelse)):
+        for target in (n.target for n in walk(branch)
+                       if isinstance(n, (cst.AssignTarget, cst.AnnAssign))):
+            if isinstance(target, cst.Attribute):
+                names.append(target.attr.value)
+            elif isinstance(target, cst.Name):
+                names.append(target.value)
+    for name in dict.fromkeys(names):
+        left = ctx.memo(("cuda_flag", name), lambda n=name: _guards_cuda_only(ctx, n))
+        if left:
+            return name, left
+    return None
+
+
 # Methods that fill the object they are called on.
 _FILLS = frozenset({"append", "extend", "insert", "add", "update", "setdefault"})
 
@@ -367,6 +392,16 @@ def _unported_call(target: str, name: str) -> bool:
     return True
 
 
+def _ported_by_a_rule(ctx: MigrationContext, name: str) -> bool:
+    """Some rule rewrites the torch.cuda name `name` on this target: a call-map entry for it
+    or for a module it is in, or a rule that claims it (the AMP rules' `torch.cuda.amp.*`)."""
+    parts = name.split(".")
+    prefixes = [".".join(parts[:i]) for i in range(len(parts), 2, -1)]
+    if any(p in ctx.claimed for p in prefixes):
+        return True
+    return any(not _unported_call(ctx.target, p) for p in prefixes)
+
+
 def unported_cuda_call(target: str, name: str | None) -> bool:
     """`name` (qualified) is CUDA-only code no rule ports: `torch.cuda.get_device_properties`,
     `torch.cuda.Stream`."""
@@ -458,7 +493,9 @@ class _UnportedCuda(cst.CSTVisitor):
             if name is not None and name.startswith("torch.cuda"):
                 if unported_cuda_call(self.ctx.target, name):
                     self.found = cuda_catalog().cuda_only_torch_api(name)
-                return False  # anything else under torch.cuda has a rule
+                elif not _ported_by_a_rule(self.ctx, name):
+                    self.found = name  # `torch.cuda._pin_memory_utils.pin_memory`
+                return False
             if name is not None and (is_cuda_only(name) or cuda_catalog().cuda_torch_name(name)):
                 self.found = self.ctx.short(node)  # an imported CUDA name: CUDAExtension
                 return False
@@ -528,18 +565,20 @@ class _ResidualCuda(cst.CSTVisitor):
                 and node.func.attr.value == "cuda" and not self.ctx.qualify(node.func):
             self.found = self.ctx.short(node)  # `x.cuda()` left as written
             return False
+        if isinstance(node, cst.Call) and self.ctx.target == "xla" and _pins(self.ctx, node):
+            # on XLA pinned host memory is a CUDA copy aid: a value's `.pin_memory()`, torch's
+            # `pin_memory=` (a flag of that name decides nothing)
+            self.found = self.ctx.short(node)
+            return False
         if isinstance(node, (cst.Attribute, cst.Name)):
             # what a name stands for (torch.cuda, a CUDA-only library), never how a variable
             # or attribute is spelled (`args.cuda` is a flag)
             name = self.ctx.qualify(node) or ""
-            own = node.attr.value if isinstance(node, cst.Attribute) else node.value
-            # on XLA pinned host memory is a CUDA copy aid (torch's `pin_memory`)
-            pinned = self.ctx.target == "xla" and own == "pin_memory"
             # float16 chosen because a GPU is there (transformers' AQLM quantizer: "CUDA
             # available. ... loading the model in torch.float16"): a TPU computes in bfloat16
             half = self.half and name in _HALF
             if name == "torch.cuda" or name.startswith("torch.cuda.") or cuda_library(name) \
-                    or pinned or half:
+                    or half:
                 self.found = self.ctx.short(node)
                 return False
         elif isinstance(node, (cst.Import, cst.ImportFrom)):
@@ -566,6 +605,20 @@ class _ResidualCuda(cst.CSTVisitor):
 
 
 _HALF = frozenset({"torch.float16", "torch.half"})
+
+
+def _pins(ctx: MigrationContext, call: cst.Call) -> bool:
+    """`call` pins host memory: a value's `.pin_memory()` (a Tensor's or a batch's method), or
+    one of torch's functions given `pin_memory=` (not `False`): `DataLoader(...,
+    pin_memory=True)`, `torch.empty(..., pin_memory=flag)`."""
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "pin_memory" \
+            and ctx.qualify(call.func) is None:
+        return True
+    if not (ctx.qualify(call.func) or "").startswith("torch."):
+        return False
+    return any(a.keyword is not None and a.keyword.value == "pin_memory"
+               and not (isinstance(a.value, cst.Name) and a.value.value == "False")
+               for a in call.args)
 
 _INDEX = re.compile(r"[0-9]+(?:,[0-9]+)*\Z")  # "0", "0,1": CUDA device indices
 
