@@ -282,7 +282,9 @@ def test_migrate_dir_reports_torchrun_lines_in_shell_scripts(tmp_path, run_cli):
     report = json.loads(proc.stdout)
     (finding,) = [f for f in report["findings"] if f["code"] == "TPU414"]
     assert (finding["path"], finding["line"], finding["col"]) == ("launch.sh", 3, 1)
-    assert "--nproc_per_node=8" in finding["message"] and "PJRT_DEVICE=TPU" in finding["message"]
+    assert "--nproc_per_node=8" in finding["message"]
+    assert "PJRT_DEVICE=TPU" in finding["explanation"]["fix"]  # the message's parts, as fields
+    assert "torch_xla.launch" in finding["explanation"]["cause"]
     assert report["summary"]["shell_scripts"] == 1 and report["summary"]["files"] == 1
     assert proc.returncode == 1  # a launch line needs a person
     assert script.read_text() == text  # reported, never rewritten
