@@ -27,7 +27,7 @@ SHELL = ROOT / "tpukit" / "migrate" / "shell.py"
 # Keys said on code paths that only run where the target table maps what they need, which only
 # TorchTPU's does: they are in [targets.torchtpu.messages] alone.
 TORCHTPU_ONLY = {
-    "TPU117": {"renamed", "why_moved", "why_exported"},  # `rename`, `moved`
+    "TPU117": {"renamed", "why_moved", "why_exported", "internal"},  # `rename`, `moved`, `internal`
     "TPU404": {"spawn"},  # `before`: set_tpu_launch_env before mp.spawn
     "TPU408": {"mode"},  # `drop_modes`
 }
@@ -470,7 +470,7 @@ def test_a_key_missing_from_the_rule_file_is_an_error_that_names_the_tables():
                                         r"\[targets.torchtpu.messages\] or \[targets.xla.messages\]"):
         rule.say("torchtpu", "nope")
     assert rule.say("torchtpu", "in_choice") == rule.say("xla", "in_choice")  # xla's wording
-    assert "TorchTPU" in rule.say("torchtpu", "object", code="x")  # its own
+    assert "TorchTPU" in rule.say("torchtpu", "object", code="x").fix  # its own
 
 
 # -- the migrate engine's own texts (rules/engines/migrate.toml) --------------------------------

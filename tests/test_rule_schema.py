@@ -169,7 +169,8 @@ def test_a_message_is_a_template_of_named_fields(tmp_path):
                             ('"`{0}` is a CUDA device', r"field '0'"),
                             ('"`{code!r}` is a CUDA device', r"field 'code'")):
         path, text = _copy_with(tmp_path, "TPU101-cuda-device.toml",
-                                'object = "`{code}` is a CUDA device', f"object = {broken}")
+                                'object = { what = "`{code}` is a CUDA device',
+                                f"object = {{ what = {broken}")
         line = next(n for n, l in enumerate(text.splitlines(), 1) if l.startswith("object ="))
         with pytest.raises(RuleError, match=rf"^rules/TPU101-cuda-device.toml:{line}: "
                                             rf"targets.xla.messages.object: {problem}"):

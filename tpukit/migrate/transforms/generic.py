@@ -3,7 +3,8 @@
 A target whose module mirrors torch.cuda (TorchTPU's `torch.tpu`) names it in its rule table
 (`rename`, `exported`): a name it exports is renamed, any other is a finding. `moved` maps the
 names the target exports but keeps from user code (TorchTPU's internal device API) to the
-call to use instead; `internal` says why a name with no such call is a finding.
+call to use instead; `internal` holds the fix for a name with no such call, a finding
+(its message `internal` says why).
 """
 
 from __future__ import annotations
@@ -46,8 +47,15 @@ class UnmappedCudaApi(Transform):
         elif "rename" in self.mapping and head in self.mapping["exported"]:
             new = f"{self.mapping['rename']}.{rest}"
             why = self.say("why_exported")
+        elif head in self.mapping.get("internal", {}):
+            # a name TorchTPU keeps internal whose replacement torch does not have: the table
+            # holds the fix
+            self.ctx.report(self.rule, node, self.say(
+                "internal", name=name, module=self.mapping["rename"], head=head,
+                fix=self.mapping["internal"][head]), False, fix=FixKind.NONE)
+            return None
         else:
-            self._report(node, name, self.mapping.get("internal", {}).get(head))
+            self._report(node, name)
             return None
         return self.fix_or_report(node, self.say("renamed", name=name, new=new, why=why),
                                   lambda: self.ctx.expr(new))
@@ -61,7 +69,7 @@ class UnmappedCudaApi(Transform):
                 self._report(original, name)
         return None
 
-    def _report(self, node: cst.CSTNode, name: str, message: str | None = None) -> None:
-        message = message or self.rule.message_for(self.ctx.target)
-        self.ctx.report(self.rule, node, self.say("unmapped", name=name, message=message), False,
-                        fix=FixKind.NONE)
+    def _report(self, node: cst.CSTNode, name: str) -> None:
+        self.ctx.report(self.rule, node, self.say(
+            "unmapped", name=name, message=self.rule.message_for(self.ctx.target)), False,
+            fix=FixKind.NONE)

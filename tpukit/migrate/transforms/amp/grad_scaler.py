@@ -231,7 +231,8 @@ class GradScaler(Transform):
                                  args=rest),
             )
         if method == "get_scale":
-            return self.fix_or_report(original, self.say("get_scale"), lambda: cst.Float("1.0"))
+            return self.fix_or_report(original, self.say("get_scale", code=self.ctx.short(original)),
+                                      lambda: cst.Float("1.0"))
         return None
 
     def leave_Dict(self, original: cst.Dict, updated: cst.Dict):

@@ -52,8 +52,9 @@ class LoadMapLocation(Transform):
                     cst.Arg(self.ctx.device_expr())])
 
             where = self.say("held_device") if held else self.say("cuda_device")
-            message = self.say("data", code=self.ctx.short(value), where=where) if data else \
-                self.say("map_location", code=self.ctx.short(value), where=where)
+            why = self.say("why_held_device") if held else ""  # a CUDA device: no cause
+            message = self.say("data", code=self.ctx.short(value), where=where, why=why) if data \
+                else self.say("map_location", code=self.ctx.short(value), where=where, why=why)
             return self.fix_or_report(value, message, build)
         return None
 

@@ -38,20 +38,19 @@ class CompileBackend(Transform):
         if self.library_leaves(original, "compile", lambda: self.say(
                 "library", code=self.ctx.short(original))):
             return None
-        dropped = ""
+        message = self.say("compile", code=self.ctx.short(original))
         if mode is not None:
             value = string_value(mode.value)
             why = (self.say("mode_cuda_only") if value in COMPILE_MODES_WITHOUT_MEANING
                    or value is None else self.say("mode_same"))
-            dropped = self.say("mode_dropped", mode=self.ctx.code(mode.value), why=why)
+            message += self.say("mode_dropped", mode=self.ctx.code(mode.value), why=why)
 
         def build():
             args = [a for a in updated.args if not (a.keyword and a.keyword.value in ("backend", "mode"))]
             args.append(keyword_arg("backend", self.ctx.expr('"openxla"')))
             return updated.with_changes(args=with_commas(args))
 
-        return self.fix_or_report(
-            original, self.say("compile", code=self.ctx.short(original), dropped=dropped), build)
+        return self.fix_or_report(original, message, build)
 
     def _drop_mode(self, original: cst.Call, updated: cst.Call, mode: cst.Arg | None):
         """TorchTPU keeps torch.compile's PyTorch form; its backend rejects CUDA-only modes."""

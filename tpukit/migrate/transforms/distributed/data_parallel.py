@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tpukit.findings import FixKind, Severity
+from tpukit.findings import FixKind, Message, Severity
 from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.nodes import walk
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
@@ -28,7 +28,7 @@ class DataParallel(Transform):
         wrapped = self.ctx.values.names_of({K.DATA_PARALLEL})
         return super().statement_triggers(source) | ({".module"} if wrapped else set())
 
-    def _message(self, node) -> str:
+    def _message(self, node) -> Message:
         return self.say("wrapper", code=self.ctx.short(node))
 
     def _returned(self, wrap: cst.Call, target: cst.BaseExpression | None) -> bool:

@@ -9,7 +9,7 @@ import re
 
 import libcst as cst
 
-from tpukit.findings import FixKind, Severity
+from tpukit.findings import FixKind, Message, Severity
 from tpukit.migrate.analysis.launch import (
     INIT_PROCESS_GROUP,
     chosen_at_run_time,
@@ -192,7 +192,7 @@ class ProcessGroup(Transform):
 
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
-        self.backend_only: dict[cst.Call, tuple[str, int | None]] = {}
+        self.backend_only: dict[cst.Call, tuple[Message, int | None]] = {}
         self.cuda_tests: list[bool] = []  # the enclosing if/else tests: CUDA availability?
         self.assigned_strings: set[int] = set()  # id() of literals an assignment sets
 

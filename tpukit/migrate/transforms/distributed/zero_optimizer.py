@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tpukit.findings import FixKind
+from tpukit.findings import FixKind, Message
 from tpukit.migrate.context import dotted, plain_positional
 from tpukit.migrate.nodes import scan
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
@@ -54,8 +54,8 @@ class ZeroOptimizer(Transform):
     every gradient on every process, so stepping all parameters on each process gives the same
     values as ZeRO's step of a shard followed by its broadcast."""
 
-    def _plan(self, call: cst.Call) -> tuple[str, cst.Arg | None, set[int]] | None:
-        """(why not, None, {}) when the call cannot be rewritten; else ("", optimizer_class
+    def _plan(self, call: cst.Call) -> tuple[Message | None, cst.Arg | None, set[int]] | None:
+        """(why not, None, {}) when the call cannot be rewritten; else (None, optimizer_class
         argument, positions of ZeRO's own arguments to drop)."""
         plain = plain_positional(call)
         roles = {_ZERO_OWN[i]: a for i, a in enumerate(plain[:len(_ZERO_OWN)])}
@@ -72,9 +72,9 @@ class ZeroOptimizer(Transform):
                 if a is not roles.get("params") and any(a is v for v in roles.values())}
         # `fused=` goes as TPU204 drops it from any optimizer: CUDA's kernel (it raises on XLA)
         drop |= {i for i, a in enumerate(call.args) if a.keyword and a.keyword.value == "fused"}
-        return "", cls, drop
+        return None, cls, drop
 
-    def _message(self, call: cst.Call, new: str) -> str:
+    def _message(self, call: cst.Call, new: str) -> Message:
         return self.say("zero", code=self.ctx.short(call), new=new)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
@@ -84,7 +84,7 @@ class ZeroOptimizer(Transform):
         if cls is None:
             self.ctx.report(self.rule, original,
                             self._message(original, self.say("plain_optimizer"))
-                            + self.say("not_rewritten", why=why), applied=False, fix=FixKind.NONE)
+                            + self.say("not_rewritten") + why, applied=False, fix=FixKind.NONE)
             return None
         new = self.ctx.code(cls.value)
         return self.fix_or_report(original, self._message(original, new), lambda: updated.with_changes(

@@ -9,7 +9,7 @@ import re
 
 import libcst as cst
 
-from tpukit.findings import FixKind, Severity
+from tpukit.findings import FixKind, Message, Severity
 from tpukit.migrate.analysis.steps import (
     NO_GRAD,
     accumulation_backwards,
@@ -127,8 +127,8 @@ class StepBarrier(Transform):
             # step's graph (a bigger graph and a new compile per step).
             update = hand_update(self.ctx, node, finder.backward)
             if update is not None:
-                self.after_update[update] = (node, self.say("hand_step_after_update",
-                                                            hand_step=self.say("hand_step")))
+                self.after_update[update] = (node, self.say("hand_step")
+                                             + self.say("hand_step_after_update"))
             elif isinstance(node.body, cst.IndentedBlock):
                 self.update_at_end.add(node)
         elif ((sampled := bool(self.no_grad_depth
@@ -160,7 +160,7 @@ class StepBarrier(Transform):
             return None
         return super().fix_or_report(node, message, build, fix)
 
-    def _library_barrier_left(self) -> str | None:
+    def _library_barrier_left(self) -> Message | None:
         """Why library code (a package module) gets no barrier here (the finding's message), or
         None."""
         if not self.ctx.owner_leaves("TPU303", "barrier"):
@@ -191,9 +191,9 @@ class StepBarrier(Transform):
     def leave_SimpleStatementLine(self, original, updated):
         if original in self.before:
             loop = self.before.pop(original)
-            message = (self.say("sampling_before_read", sampling=self.say("sampling"))
+            message = (self.say("sampling") + self.say("sampling_before_read")
                        if loop in self.sampling else
-                       self.say("rollout_before_read", rollout=self.say("rollout"))
+                       self.say("rollout") + self.say("rollout_before_read")
                        if loop in self.rollout else self.say("eval_before_read"))
             return self.fix_or_report(
                 original, message,
@@ -223,12 +223,12 @@ class StepBarrier(Transform):
     def _end(self, original, updated):
         if original in self.update_at_end:
             self.update_at_end.discard(original)
-            message = self.say("hand_step_at_end", hand_step=self.say("hand_step"))
+            message = self.say("hand_step") + self.say("hand_step_at_end")
         elif original in self.at_end:
             self.at_end.discard(original)
-            message = (self.say("sampling_at_end", sampling=self.say("sampling"))
+            message = (self.say("sampling") + self.say("sampling_at_end")
                        if original in self.sampling else
-                       self.say("rollout_at_end", rollout=self.say("rollout"))
+                       self.say("rollout") + self.say("rollout_at_end")
                        if original in self.rollout else self.say("eval_at_end"))
         else:
             return None
