@@ -10,6 +10,7 @@ import libcst as cst
 import pytest
 
 from conftest import FIXTURES
+from tpukit.findings import Message
 from tpukit.migrate.engine import MigrateOptions, migrate_source
 from tpukit.rules import select_rules
 
@@ -572,7 +573,7 @@ def test_two_rules_planning_one_node_is_a_conflict_not_a_matter_of_order(monkeyp
     class Plans(Transform):
         def visit_Call(self, node):
             if self.ctx.qualify(node.func) == "torch.cuda.synchronize":
-                self.ctx.report(self.rule, node, "mine", applied=True)
+                self.ctx.report(self.rule, node, Message("mine", fix="theirs"), applied=True)
                 return cst.parse_expression(f"mine_{self.rule.code}()")
             return None
 
@@ -603,7 +604,7 @@ def test_a_leave_hook_that_undoes_another_rules_edit_is_a_conflict(monkeypatch, 
         def leave_Call(self, original, updated):
             if self.ctx.qualify(original.func) != "torch.cuda.synchronize":
                 return None
-            self.ctx.report(self.rule, original, "mine", applied=True)
+            self.ctx.report(self.rule, original, Message("mine", fix="theirs"), applied=True)
             if self.rule.code == "TPU101":
                 return updated.with_changes(func=cst.parse_expression("xm.sync"))
             return eval(second)

@@ -74,17 +74,10 @@ class Message:
     fix: str = ""
 
     def __add__(self, other: "Message") -> "Message":
-        if isinstance(other, str):  # TRANSITION, as __radd__
-            return str(self) + other
         if not isinstance(other, Message):
             return NotImplemented
         return Message(self.what + other.what, _joined(self.cause, other.cause),
                        _joined(self.fix, other.fix))
-
-    # TRANSITION (issue 33): a message some rule still writes as one string joins a Message as
-    # text; tests/test_rule_messages.py fails while any finding is reported without parts.
-    def __radd__(self, other: str) -> str:
-        return other + str(self) if isinstance(other, str) else NotImplemented
 
     @property
     def explanation(self) -> Explanation:

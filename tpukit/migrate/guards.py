@@ -11,7 +11,6 @@ a TPU: the other branch runs), and its finding says what is left.
 
 from __future__ import annotations
 
-import functools
 import re
 
 import libcst as cst
@@ -19,16 +18,11 @@ import libcst as cst
 from tpukit.findings import FixKind
 from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.analysis.catalog import cuda_catalog
-from tpukit.migrate.analysis.cuda_only import (
-    CUDA_WORD,
-    cuda_library,
-    cuda_package,
-    imported_modules,
-    is_cuda_only,
-)
+from tpukit.migrate.analysis.cuda_only import CUDA_WORD, cuda_library, cuda_package
+from tpukit.migrate.analysis.unported import flag_deciding_cuda, guards_cuda_only
 from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string, string_value
 from tpukit.migrate.nodes import children, first, scan, walk
-from tpukit.rules import engine_say, load_rules
+from tpukit.rules import engine_say
 
 
 def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
@@ -60,7 +54,7 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
         if named is not None:
             restore[key] = _put_back(ctx, key, named, "where_other_branch")
             continue
-        flag = _flag_deciding_cuda(ctx, updated) if isinstance(updated, cst.If) else None
+        flag = flag_deciding_cuda(ctx, updated) if isinstance(updated, cst.If) else None
         if flag is not None:
             # `if pin_memory and not torch.cuda.is_available(): self.pin_memory = False`, read
             # by `if self.pin_memory: torch.cuda._pin_memory_utils.pin_memory(...)` (torch's
@@ -247,23 +241,6 @@ def restore_after(ctx: MigrationContext, block: cst.IndentedBlock | cst.Module):
     return block.with_changes(body=body) if changed else block
 
 
-def _flag_deciding_cuda(ctx: MigrationContext, node: cst.If) -> tuple[str, str] | None:
-    """A name or attribute an `if`'s branches assign (`use_pin = False`, `self.pin = flag`)
-    that elsewhere decides CUDA-only code no rule ports, with that code; else None."""
-    names = []
-    for branch in filter(None, (node.body, node.orelse)):
-        for target in (n.target for n in walk(branch)
-                       if isinstance(n, (cst.AssignTarget, cst.AnnAssign))):
-            if isinstance(target, cst.Attribute):
-                names.append(target.attr.value)
-            elif isinstance(target, cst.Name):
-                names.append(target.value)
-    for name in dict.fromkeys(names):
-        left = ctx.memo(("cuda_flag", name), lambda n=name: _guards_cuda_only(ctx, n))
-        if left:
-            return name, left
-    return None
-
 
 # Methods that fill the object they are called on.
 _FILLS = frozenset({"append", "extend", "insert", "add", "update", "setdefault"})
@@ -356,7 +333,7 @@ def restore_flags(ctx: MigrationContext, updated: cst.Assign):
     for target in updated.targets:
         name = target.target.attr.value if isinstance(target.target, cst.Attribute) else (
             target.target.value if isinstance(target.target, cst.Name) else None)
-        left = name and ctx.memo(("cuda_flag", name), lambda n=name: _guards_cuda_only(ctx, n))
+        left = name and ctx.memo(("cuda_flag", name), lambda n=name: guards_cuda_only(ctx, n))
         if left:
             restore = {key: _put_back(ctx, key, left, "where_under_flag", name=name)
                        for key in found.uses}
@@ -381,126 +358,6 @@ def _put_back(ctx: MigrationContext, key: int, left: str, where: str = "",
 # one of these is a CUDA-only guard.
 # (rules/catalog/cuda.toml's cuda_only_torch)
 
-
-@functools.cache
-def _unported_call(target: str, name: str) -> bool:
-    """No call-map rule rewrites `name` on `target` (its entry, if any, only says what to do)."""
-    for rule in load_rules().values():
-        entry = rule.target(target).get("calls", {}).get(name)
-        if entry is not None and any(k in entry for k in ("replace", "statements", "remove")):
-            return False
-    return True
-
-
-def _ported_by_a_rule(ctx: MigrationContext, name: str) -> bool:
-    """Some rule rewrites the torch.cuda name `name` on this target: a call-map entry for it
-    or for a module it is in, or a rule that claims it (the AMP rules' `torch.cuda.amp.*`)."""
-    parts = name.split(".")
-    prefixes = [".".join(parts[:i]) for i in range(len(parts), 2, -1)]
-    if any(p in ctx.claimed for p in prefixes):
-        return True
-    return any(not _unported_call(ctx.target, p) for p in prefixes)
-
-
-def unported_cuda_call(target: str, name: str | None) -> bool:
-    """`name` (qualified) is CUDA-only code no rule ports: `torch.cuda.get_device_properties`,
-    `torch.cuda.Stream`."""
-    used = cuda_catalog().cuda_only_torch_api(name)
-    return used is not None and _unported_call(target, used)
-
-
-def _guards_cuda_only(ctx: MigrationContext, name: str) -> str | None:
-    """What CUDA-only code a flag decides: the first thing no rule ports in either branch of
-    an `if` (or conditional expression) whose test reads `name` (`if not self.build_for_cpu:
-    nvcc_args.append(...)`, deepspeed's op builder; timm's `if self.is_cuda: torch.cuda.Stream`),
-    or None. Read from the code as written: what a rule would port does not count."""
-    finder = _FlagReaders(ctx, name)
-    scan(ctx.module, finder)
-    return finder.found
-
-
-class _FlagReaders(cst.CSTVisitor):
-    def __init__(self, ctx: MigrationContext, name: str) -> None:
-        self.ctx = ctx
-        self.name = name
-        self.found: str | None = None
-
-    def _reads(self, test: cst.BaseExpression) -> bool:
-        return bool(first(test, lambda n: (isinstance(n, cst.Name) and n.value == self.name) or (
-            isinstance(n, cst.Attribute) and n.attr.value == self.name)))
-
-    def visit_If(self, node: cst.If | cst.IfExp) -> bool:
-        if self.found is None and self._reads(node.test):
-            for branch in (node.body, node.orelse):
-                if branch is None or self.found is not None:
-                    continue
-                if isinstance(node, cst.IfExp) and isinstance(branch, cst.SimpleString) \
-                        and cuda_package(string_value(branch)):
-                    # `"onnxruntime-gpu" if cuda else "onnxruntime"`: the flag picks a GPU build
-                    self.found = branch.value
-                else:
-                    self.found = _unported_cuda(self.ctx, branch)
-        return self.found is None
-
-    visit_IfExp = visit_If
-
-
-def _unported_cuda(ctx: MigrationContext, node: cst.CSTNode) -> str | None:
-    """The first CUDA-only thing in code as written that no rule ports, or None."""
-    finder = _UnportedCuda(ctx)
-    scan(node, finder)
-    return finder.found
-
-
-class _UnportedCuda(cst.CSTVisitor):
-    def __init__(self, ctx: MigrationContext) -> None:
-        self.ctx = ctx
-        self.found: str | None = None
-
-    def _torch_cuda_keyword(self, call: cst.Call) -> bool:
-        """A CUDA keyword of one of torch's own functions (`cpp_extension.load(with_cuda=...,
-        extra_cuda_cflags=...)`): found (True) where the call is torch's."""
-        name = self.ctx.values.qualified(call.func) or ""
-        if not name.startswith("torch."):
-            return False
-        keyword = next((a.keyword.value for a in call.args if a.keyword is not None
-                        and cuda_catalog().cuda_keyword(name, a.keyword.value)), None)
-        if keyword is not None:
-            self.found = f"{keyword}="
-        return keyword is not None
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if self.found is not None:
-            return False
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
-                and node.func.attr.value == "cuda":
-            scan(node.func.value, self)  # `.cuda()` is ported; what it is called on may not be
-            for arg in node.args:
-                scan(arg, self)
-            return False
-        if isinstance(node, cst.Call) and node.args and self._torch_cuda_keyword(node):
-            return False
-        if isinstance(node, (cst.Import, cst.ImportFrom)):
-            # torch's own CUDA APIs (`CUDAExtension`) and CUDA-only libraries; a module of the
-            # program is not CUDA's for what it is called
-            hit = next((n for n in imported_modules(node, full=True) if
-                        cuda_catalog().cuda_torch_name(n) or is_cuda_only(n)), None)
-            if hit is not None:
-                self.found = f"import {hit}"  # `from torch.utils.cpp_extension import CUDAExtension`
-            return False
-        if isinstance(node, (cst.Attribute, cst.Name)):
-            name = self.ctx.qualify(node)
-            if name is not None and name.startswith("torch.cuda"):
-                if unported_cuda_call(self.ctx.target, name):
-                    self.found = cuda_catalog().cuda_only_torch_api(name)
-                elif not _ported_by_a_rule(self.ctx, name):
-                    self.found = name  # `torch.cuda._pin_memory_utils.pin_memory`
-                return False
-            if name is not None and (is_cuda_only(name) or cuda_catalog().cuda_torch_name(name)):
-                self.found = self.ctx.short(node)  # an imported CUDA name: CUDAExtension
-                return False
-            # A local's own name (`cuda_kwargs`, `use_cuda`) says nothing about what it holds.
-        return not isinstance(node, (cst.SimpleString, cst.FormattedString))
 
 
 class _GuardUses(cst.CSTVisitor):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tpukit.findings import FixKind, Severity
+from tpukit.findings import FixKind, Message, Severity
 from tpukit.migrate.names import Names
 from tpukit.rules import Rule, engine_say
 
@@ -30,7 +30,7 @@ _TORCH_PREFIX = re.compile(r"(?<![\w.])torch\.")
 class Report:
     rule: Rule
     node: cst.CSTNode
-    message: str
+    message: Message  # in parts (findings.Message)
     applied: bool
     top: cst.CSTNode | None = None  # the top-level statement holding `node`
     fix: FixKind | None = None  # when it differs from the rule's (a table entry with no fix)
@@ -75,12 +75,14 @@ class EditSink:
         self,
         rule: Rule,
         node: cst.CSTNode,
-        message: str,
+        message: Message,
         applied: bool,
         fix: FixKind | None = None,
         severity: Severity | None = None,
         **extra,
     ) -> None:
+        if not isinstance(message, Message):  # every migrate finding is said in parts
+            raise TypeError(f"{rule.code}: a finding's message is a Message, not {message!r}")
         self.handled.add(id(node))
         if isinstance(node, cst.Call):
             self.handled.add(id(node.func))

@@ -39,7 +39,7 @@ import libcst as cst
 from tpukit.findings import FixKind, Message
 from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.context import dotted, string_value
-from tpukit.migrate.guards import unported_cuda_call
+from tpukit.migrate.analysis.unported import unported_cuda_call
 from tpukit.migrate.nodes import walk
 from tpukit.migrate.transforms.base import StatementPlan, Transform, engine
 
