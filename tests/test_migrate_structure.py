@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import sys
 
+import pytest
+
 from test_run_structure import ROOT, _imports, _module_name
 from tpukit.migrate.transforms import import_all, load_transforms
 from tpukit.migrate.transforms.base import ENGINES, TRANSFORMS, transform_for
@@ -47,6 +49,52 @@ def test_a_rule_imports_no_other_rule():
         if imported := sorted(_imports(path) & set(modules) - {name}):
             crossing[name] = imported
     assert crossing == {}
+
+
+def _reads(path) -> set[str]:
+    """The analyses a module reads: the tpukit/migrate/analysis modules it imports (catalog is
+    a data table, not an analysis), `ctx.values` and `ctx.device_expr` (device_facts)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.startswith("tpukit.migrate.analysis."):
+                found.add(node.module.split(".")[3])
+            elif node.module == "tpukit.migrate.analysis":
+                found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Attribute) and node.attr in ("values", "device_expr"):
+            base = node.value
+            if (isinstance(base, ast.Name) and base.id == "ctx") or (
+                    isinstance(base, ast.Attribute) and base.attr == "ctx"):
+                found.add("values" if node.attr == "values" else "device_facts")
+    return found - {"catalog", "PROVIDERS"}
+
+
+def test_a_rule_declares_the_analyses_it_reads():
+    """`uses` (libcst's METADATA_DEPENDENCIES): what a rule reads of the shared analysis is
+    declared on its class, exactly, so a reader (and the pruning of device-binding statements)
+    sees a rule's dependencies without reading its code."""
+    load_transforms()
+    classes = {cls.__module__: cls for cls in [*TRANSFORMS.values(), *ENGINES.values()]}
+    undeclared = {}
+    for name in _rule_modules():
+        path = ROOT.joinpath(*name.split(".")).with_suffix(".py")
+        if set(classes[name].uses) != _reads(path):
+            undeclared[name] = (sorted(classes[name].uses), sorted(_reads(path)))
+    assert undeclared == {}
+    step_barrier = classes["tpukit.migrate.transforms.loops.step_barrier"]
+    assert step_barrier.uses == {"steps"}  # the check reads imports and ctx attributes
+    assert "device_facts" in classes["tpukit.migrate.transforms.devices.cuda_device"].uses
+
+
+def test_an_unknown_analysis_is_refused_when_a_rule_registers():
+    from tpukit.migrate.transforms.base import Transform, transform
+
+    class Typo(Transform):
+        uses = frozenset({"value"})
+
+    with pytest.raises(ValueError, match="uses value: not an analysis"):
+        transform("TPU998")(Typo)
+    assert "TPU998" not in TRANSFORMS
 
 
 def test_every_rule_module_is_found_without_a_list():

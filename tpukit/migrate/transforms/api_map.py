@@ -46,6 +46,7 @@ from tpukit.migrate.transforms.base import StatementPlan, Transform, engine
 
 @engine("call-map")
 class CallMap(Transform):
+    uses = frozenset({"unported", "values"})
     table_keys = frozenset({"calls"})
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)

@@ -16,6 +16,7 @@ import libcst as cst
 
 from tpukit.findings import FixKind, Severity
 from tpukit.migrate import policy
+from tpukit.migrate.analysis import PROVIDERS
 from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.context import MigrationContext
 from tpukit.rules import Rule, check_table_keys, engine_say
@@ -39,8 +40,10 @@ class Transform:
     # Qualified names this rule rewrites in a leave hook (after the generic unmapped-API rule
     # has looked at them): listed so that rule leaves them alone.
     claims: frozenset[str] = frozenset()
-    # Reads the device variable in scope (ctx.device_expr).
-    reads_device_facts: bool = False
+    # The analyses it reads (tpukit/migrate/analysis PROVIDERS), declared as libcst's
+    # METADATA_DEPENDENCIES are: "device_facts" has the statements that bind the device
+    # variable traversed. A name PROVIDERS lacks is refused when the rule registers.
+    uses: frozenset[str] = frozenset()
     # The keys of its rule's `[targets.T]` table it reads, besides the ones every table may
     # hold (rules.DOC_KEYS, rules.RULE_KEYS): a rule file with any other key is refused
     # (check_tables; tests/test_rule_schema.py checks each module reads no undeclared key).
@@ -60,7 +63,7 @@ class Transform:
         whose instances the rule must follow). tests/test_pruning.py fails when a word is
         missing."""
         words = set(self.rule.statement_triggers or self.rule.triggers)
-        if self.reads_device_facts:
+        if "device_facts" in self.uses:
             words.update(DEVICE_FACT_WORDS)
             words.update(self.ctx.values.names_of({K.DEVICE}))
         return words
@@ -114,8 +117,16 @@ TRANSFORMS: dict[str, type[Transform]] = {}
 ENGINES: dict[str, type[Transform]] = {}  # data-driven kinds, named by a rule's `engine` key
 
 
+def _check_uses(cls) -> None:
+    unknown = sorted(set(cls.uses) - set(PROVIDERS))
+    if unknown:
+        raise ValueError(f"{cls.__module__}.{cls.__name__} uses {', '.join(unknown)}: not an "
+                         f"analysis (tpukit/migrate/analysis PROVIDERS: {', '.join(PROVIDERS)})")
+
+
 def transform(*codes: str):
     def register(cls):
+        _check_uses(cls)
         for code in codes:
             TRANSFORMS[code] = cls
         return cls
@@ -125,6 +136,7 @@ def transform(*codes: str):
 
 def engine(kind: str):
     def register(cls):
+        _check_uses(cls)
         ENGINES[kind] = cls
         return cls
 

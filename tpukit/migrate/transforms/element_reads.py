@@ -25,6 +25,7 @@ _READ_METHODS = ("item", "tolist")
 
 @transform("TPU506")
 class ElementReads(Transform):
+    uses = frozenset({"values"})
     def _only_read_to_host(self, name: str, scopes: list[cst.CSTNode]) -> bool:
         """Is every use of the loop variable `name` in `scopes` a read of its value to the host
         (and is there at least one)? An assignment to it, or any other use, says no."""

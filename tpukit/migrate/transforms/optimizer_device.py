@@ -32,8 +32,8 @@ def _assigned_name(stmt: cst.CSTNode) -> tuple[str, cst.Assign] | None:
 
 @transform("TPU106")
 class OptimizerBeforeDevice(Transform):
-    reads_device_facts = True
 
+    uses = frozenset({"device_facts", "steps"})
     def _optimizer_model(self, stmt: cst.CSTNode) -> tuple[str, cst.Call] | None:
         """`opt = torch.optim.X(model.parameters(), ...)` -> ("model", the call)."""
         found = _assigned_name(stmt)

@@ -150,6 +150,7 @@ def _varying_slice(original: cst.Subscript) -> tuple[int, cst.Slice] | None:
 
 @transform("TPU505")
 class DeviceSliceOffset(Transform):
+    uses = frozenset({"host_values", "values"})
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self.stores: set[int] = set()  # id() of subscripts written to: a view must stay a view

@@ -87,9 +87,9 @@ def _module_statements(body):
 
 @transform("TPU121")
 class TypedTensor(Transform):
+    uses = frozenset({"device_facts", "values"})
     table_keys = frozenset({"helper"})
     claims = frozenset(TYPED)
-    reads_device_facts = True
 
     def statement_triggers(self, source: str) -> set[str]:
         return super().statement_triggers(source) | set(aliases(self.ctx))

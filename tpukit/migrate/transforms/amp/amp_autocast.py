@@ -19,6 +19,7 @@ class Autocast(Transform):
     """`torch.cuda.amp.autocast(...)`, `torch.autocast("cuda", ...)`, `torch.amp.autocast(
     device_type="cuda", dtype=torch.float16)` -> `torch.autocast("xla", dtype=torch.bfloat16)`,
     as a `with` item, a decorator or a value held in a variable; `enabled=` is kept."""
+    uses = frozenset({"values"})
     table_keys = frozenset({"device_type", "imports"})
 
     claims = frozenset(CUDA_AUTOCAST)

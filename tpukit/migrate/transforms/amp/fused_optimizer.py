@@ -60,6 +60,7 @@ def _callees(values, func: cst.BaseExpression, depth: int = 0) -> set[str]:
 class FusedOptimizer(Transform):
     """`torch.optim.AdamW(..., fused=True)`: fused optimizers are CUDA kernels; XLA compiles
     the whole update into the step graph anyway."""
+    uses = frozenset({"bindings", "values"})
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         name = self.ctx.qualify(original.func) or ""
@@ -87,11 +88,12 @@ class FusedOptimizer(Transform):
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self.optimizer_dicts: set[int] = set()  # id() of dicts that hold optimizer arguments
-        self.holders = ctx.memo("optimizer_argument_variables", lambda: _argument_holders(ctx))
 
     def _holds_arguments(self, expr: cst.BaseExpression) -> bool:
         symbol = self.ctx.values.symbol(expr)
-        return symbol is not None and symbol in self.holders
+        # the holders are found on first need (a walk of the whole module): most files ask none
+        return symbol is not None and symbol in self.ctx.memo(
+            "optimizer_argument_variables", lambda: _argument_holders(self.ctx))
 
     def visit_Call(self, node: cst.Call):
         func = node.func

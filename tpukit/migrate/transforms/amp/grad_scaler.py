@@ -126,18 +126,20 @@ def _enters_autocast(ctx) -> bool:
 class GradScaler(Transform):
     """GradScaler removed: scale(loss) -> loss, step(opt) -> opt.step(), update()/unscale_()
     removed, its state_dict left out of checkpoints, whatever the scaler is called."""
+    uses = frozenset({"values"})
 
     claims = frozenset(GRAD_SCALERS)
 
-    def __init__(self, rule, ctx) -> None:
-        super().__init__(rule, ctx)
-        # The variables a GradScaler is assigned to (by dataflow: a name's scope, a `self`
-        # attribute's class), and those assigned under a test that reads torch.float16.
-        self.symbols, self.fp16_only = _scaler_variables(ctx)
-        # The scaler goes with an fp16 autocast that TPU201 makes bf16. One made only for an
-        # fp16 chosen elsewhere (deepspeed's ZeRO: `if get_autocast_dtype() == torch.float16:
-        # self.scaler = GradScaler(...)`, in a file that enters no autocast) serves an fp16
-        # that stays fp16: it stays too.
+    @property
+    def symbols(self) -> set:
+        """The variables a GradScaler is assigned to (by dataflow: a name's scope, a `self`
+        attribute's class), found on first need (a walk of the whole module)."""
+        return self.ctx.memo("scaler_variables", lambda: _scaler_variables(self.ctx))[0]
+
+    @property
+    def fp16_only(self) -> set:
+        """... and those of them assigned under a test that reads torch.float16."""
+        return self.ctx.memo("scaler_variables", lambda: _scaler_variables(self.ctx))[1]
 
     def fix_or_report(self, node, message, build, fix=None):
         # lightning's MixedPrecision plugin: its scaler serves the fp16 autocast of the device
@@ -148,6 +150,10 @@ class GradScaler(Transform):
         return super().fix_or_report(node, message, build, fix)
 
     def _kept(self, symbol) -> bool:
+        # The scaler goes with an fp16 autocast that TPU201 makes bf16. One made only for an
+        # fp16 chosen elsewhere (deepspeed's ZeRO: `if get_autocast_dtype() == torch.float16:
+        # self.scaler = GradScaler(...)`, in a file that enters no autocast) serves an fp16
+        # that stays fp16: it stays too.
         return symbol in self.fp16_only and not self.ctx.memo(
             "enters_autocast", lambda: _enters_autocast(self.ctx))
 

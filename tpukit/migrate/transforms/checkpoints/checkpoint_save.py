@@ -37,6 +37,7 @@ def _is_container(expr: cst.BaseExpression) -> bool:
 
 @transform("TPU304")
 class CheckpointSave(Transform):
+    uses = frozenset({"values"})
     def leave_Call(self, node: cst.Call, updated: cst.Call):
         # A leave hook, so what the arguments hold is rewritten first (a GradScaler's state
         # leaves the checkpoint dict before the dict is saved).

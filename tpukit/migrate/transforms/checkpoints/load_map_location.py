@@ -18,6 +18,7 @@ DATA_HELPER = "_tensors_to"  # helpers.py: moves what torch.load gave, container
 
 @transform("TPU305")
 class LoadMapLocation(Transform):
+    uses = frozenset({"device_facts", "values"})
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if self.ctx.qualify(original.func) != "torch.load":
             return None

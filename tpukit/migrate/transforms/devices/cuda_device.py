@@ -28,9 +28,9 @@ def _texts_around_a_device(parts) -> bool:
 
 @transform("TPU101")
 class CudaDevice(Transform):
+    uses = frozenset({"bindings", "device_facts", "values"})
     # read by device_facts.DeviceFacts: the device every rule writes
     table_keys = frozenset({"at_import", "device_type", "imports", "move_to"})
-    reads_device_facts = True
 
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)

@@ -52,8 +52,8 @@ def _isinstance_classes(ctx, name: str) -> list[str]:
 
 @transform("TPU102")
 class CudaMethod(Transform):
-    reads_device_facts = True
 
+    uses = frozenset({"device_facts"})
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         func = original.func
         if not isinstance(func, cst.Attribute) or func.attr.value != "cuda":

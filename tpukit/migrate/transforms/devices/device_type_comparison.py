@@ -18,6 +18,7 @@ from tpukit.migrate.transforms.devices.common import (
 
 @transform("TPU104")
 class DeviceTypeComparison(Transform):
+    uses = frozenset({"values"})
     _OPERATORS = (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)
 
     def __init__(self, rule, ctx) -> None:

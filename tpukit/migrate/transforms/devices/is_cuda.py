@@ -30,6 +30,7 @@ def _names_a_device(expr: cst.BaseExpression) -> bool:
 
 @transform("TPU103")
 class IsCuda(Transform):
+    uses = frozenset({"values"})
     table_keys = frozenset({"attribute", "expression"})
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)

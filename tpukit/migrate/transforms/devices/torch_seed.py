@@ -27,6 +27,7 @@ _SEEDS_DEVICE = frozenset({"torch.cuda.manual_seed", "torch.cuda.manual_seed_all
 class SeedXla(Transform):
     """`torch.manual_seed(s)` as a statement: `torch_xla.manual_seed(s)` after it, since the XLA
     device's generator is not torch's (unless the file seeds the XLA device already)."""
+    uses = frozenset({"values"})
 
     def __init__(self, *args) -> None:
         super().__init__(*args)

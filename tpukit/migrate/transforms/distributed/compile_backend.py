@@ -17,6 +17,7 @@ COMPILE_MODES_WITHOUT_MEANING = {"reduce-overhead", "max-autotune", "max-autotun
 
 @transform("TPU408")
 class CompileBackend(Transform):
+    uses = frozenset({"values"})
     table_keys = frozenset({"drop_modes"})
     def _compiles(self, call: cst.Call) -> bool:
         """`torch.compile(...)`, or `model.compile(...)` on an nn.Module (which hands its

@@ -19,6 +19,7 @@ DATA_PARALLEL_NAMES = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel"
 
 @transform("TPU403")
 class DataParallel(Transform):
+    uses = frozenset({"values"})
     table_keys = frozenset({"keep_returned"})
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)

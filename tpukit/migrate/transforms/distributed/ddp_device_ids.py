@@ -20,6 +20,7 @@ INPUTS_HELPER = "_inputs_to_device"  # helpers.py: moves a DDP model's forward i
 
 @transform("TPU402")
 class DistributedDataParallelArgs(Transform):
+    uses = frozenset({"ddp_inputs", "launch"})
     table_keys = frozenset({"bucket_view"})
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if self.ctx.qualify(original.func) not in DDP_NAMES or not original.args:

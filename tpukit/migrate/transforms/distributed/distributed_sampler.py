@@ -20,6 +20,7 @@ SAMPLER_NAMES = {"torch.utils.data.distributed.DistributedSampler",
 
 @transform("TPU406")
 class SamplerReplicas(Transform):
+    uses = frozenset({"launch", "values"})
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if self.ctx.qualify(original.func) not in SAMPLER_NAMES or not original.args:
             return None

@@ -14,6 +14,7 @@ from tpukit.migrate.transforms.base import Transform, transform
 
 @transform("TPU413")
 class NcclEnv(Transform):
+    uses = frozenset({"launch"})
     def visit_Assign(self, node: cst.Assign):
         if len(node.targets) != 1:
             return None

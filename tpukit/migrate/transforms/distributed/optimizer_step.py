@@ -21,6 +21,7 @@ from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
 class OptimizerStepWithoutDdp(Transform):
     """Several processes and no DDP: gradients must be averaged across them, which
     `xm.optimizer_step` does before the step."""
+    uses = frozenset({"launch", "values"})
 
     def _applies(self) -> bool:
         def compute() -> bool:

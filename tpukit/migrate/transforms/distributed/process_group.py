@@ -119,6 +119,7 @@ class _NcclLiterals(cst.CSTTransformer):
 
 @transform("TPU401")
 class ProcessGroup(Transform):
+    uses = frozenset({"launch"})
     table_keys = frozenset({"backend", "imports", "rendezvous_env"})
     def visit_Call(self, node: cst.Call):
         name = self.ctx.qualify(node.func)

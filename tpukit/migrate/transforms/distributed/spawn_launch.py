@@ -37,6 +37,7 @@ def _world_parameter(ctx, function: cst.FunctionDef, call: cst.Call) -> str | No
 
 @transform("TPU404")
 class SpawnLaunch(Transform):
+    uses = frozenset({"launch", "values"})
     table_keys = frozenset({"before", "world_size"})
     def statement_triggers(self, source: str) -> set[str]:
         # the spawned function's own statement

@@ -19,8 +19,8 @@ DEVICE_INDEX_KEYWORDS = ("device", "device_id", "output_device")
 
 @transform("TPU405")
 class TorchrunRanks(Transform):
+    uses = frozenset({"device_facts", "launch", "values"})
     table_keys = frozenset({"env"})
-    reads_device_facts = True
 
     def statement_triggers(self, source: str) -> set[str]:
         """`.to(NAME` and `device(NAME` for the variables that hold a rank in this file."""

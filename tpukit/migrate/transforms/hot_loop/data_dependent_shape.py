@@ -29,6 +29,7 @@ def _scalar(expr: cst.BaseExpression) -> bool:
 @transform("TPU502")
 class DataDependentShape(Transform):
     """Ops whose output shape depends on tensor values fall back to the CPU or recompile."""
+    uses = frozenset({"host_values", "values"})
 
     FUNCTIONS = ("torch.nonzero", "torch.masked_select", "torch.unique")
     METHODS = {"nonzero": "torch.nonzero", "masked_select": "torch.masked_select", "unique": "torch.unique"}

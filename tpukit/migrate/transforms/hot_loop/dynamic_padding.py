@@ -19,6 +19,7 @@ import tpukit.migrate.transforms.hot_loop.samplers as samplers
 class DynamicPadding(Transform):
     """Batches padded to their own longest sequence get a new shape, so a new compilation,
     almost every step."""
+    uses = frozenset({"values"})
 
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)

@@ -15,6 +15,7 @@ class HeadDim(Transform):
     """Attention head dims that do not fill the TPU's matrix units (128 wide on v5e and older,
     256 on v6e): the last dimension of the queries given to scaled_dot_product_attention,
     followed back through `.transpose()`/`.view()` to a constant."""
+    uses = frozenset({"values"})
 
     ATTENTION = frozenset({"torch.nn.functional.scaled_dot_product_attention"})
     # Methods whose result keeps the input's last dimension (a transpose of dims 1 and 2).

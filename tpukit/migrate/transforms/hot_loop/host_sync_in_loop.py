@@ -27,6 +27,7 @@ def _tensor(ctx, expr: cst.BaseExpression) -> bool:
 class HostSyncInLoop(Transform):
     """Inside a training step, `.item()`, `.tolist()`, `.cpu()`, `.numpy()`, `float(t)`,
     `int(t)`, `print(t)` and `if t:` each wait for the device and copy to the host."""
+    uses = frozenset({"steps", "values"})
 
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)

@@ -49,8 +49,8 @@ def _replace_innermost(expr, depth: int, replacement):
 @transform("TPU301")
 class DeviceLoader(Transform):
     """A DataLoader that a loop iterates is wrapped in MpDeviceLoader; pin_memory dropped."""
+    uses = frozenset({"device_facts", "steps", "values"})
 
-    reads_device_facts = True
 
     def statement_triggers(self, source: str) -> set[str]:
         # a loop over a loader holds the loader's name, whatever the rule's own words

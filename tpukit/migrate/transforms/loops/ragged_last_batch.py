@@ -17,6 +17,7 @@ from tpukit.migrate.transforms.base import Transform, transform
 class RaggedLastBatch(Transform):
     """A DataLoader without drop_last=True ends each epoch with a smaller batch: a new shape,
     so a new XLA compilation (and another at every epoch's end on eval)."""
+    uses = frozenset({"steps"})
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if self.ctx.qualify(original.func) not in DATALOADERS:

@@ -36,6 +36,7 @@ _IMPORTS_TORCH_XLA = re.compile(r"^[ \t]*(?:import|from)[ \t]+torch_xla\b", re.M
 class StepBarrier(Transform):
     """Loops that batch by hand get `torch_xla.sync()` once per step, after the optimizer step
     (eval loops: once per batch). Never a second barrier where one exists."""
+    uses = frozenset({"steps"})
 
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
