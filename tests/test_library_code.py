@@ -357,14 +357,6 @@ def test_a_process_group_with_a_splat_keeps_its_rendezvous_and_is_a_fixed_point(
     assert 'backend="xla", world_size=xr.world_size(), **kwargs)' in new
 
 
-def test_a_barrier_of_a_group_is_not_a_rendezvous_of_all():
-    result = migrate("import torch.distributed as dist\nbackend = 'nccl'\ndist.barrier(group)\n"
-                     "dist.barrier()\n")
-    assert "dist.barrier(group)\n" in result.new_source
-    assert 'xm.rendezvous("barrier")\n' in result.new_source
-    assert [f.applied for f in result.findings if f.code == "TPU407"] == [False, True]
-
-
 def test_a_rank_given_as_a_device_index_is_the_device():
     new = fixed_point("import os\nimport torch\nbackend = 'nccl'\n"
                       "args = dict(module=model, device_id=int(os.environ['LOCAL_RANK']))\n"
@@ -397,14 +389,6 @@ def test_a_negated_guard_that_returns_guards_what_follows():  # diffusers' testi
     new = fixed_point(source)
     assert new.count("if not torch.cuda.is_available():") == 1  # the first; the second is ported
     assert "if not bool(xr.device_type()):\n        return\n    torch_xla.sync()" in new
-
-
-def test_an_accelerator_type_read_as_a_module_name_is_left():  # transformers' bark
-    source = ("import torch\ndevice_type = torch.accelerator.current_accelerator().type\n"
-              "module = getattr(torch, device_type)\n")
-    result = migrate(source)
-    assert result.new_source == source
-    assert [f.applied for f in result.findings] == [False]
 
 
 @pytest.mark.parametrize("function", [
@@ -762,19 +746,6 @@ def test_a_try_block_around_a_module_the_build_script_does_not_build_with_cuda_i
 
 
 # -- the third sample's harmful classes ----------------------------------------------------
-def test_an_accelerator_type_that_names_a_torch_module_is_left():
-    """diffusers' group offloading: `getattr(torch, current_accelerator().type)` is torch.cuda;
-    "xla" (or torch_xla.device().type) names no torch module: AttributeError at every call."""
-    source = """
-    import torch
-    module = getattr(torch, torch.accelerator.current_accelerator().type) if hasattr(torch, "accelerator") else torch.cuda
-    """
-    result = migrate(source)
-    assert result.new_source == textwrap.dedent(source).lstrip("\n")
-    [finding] = result.findings
-    assert not finding.applied and "is read as an attribute name" in finding.message
-
-
 def test_a_guard_that_picks_a_cuda_index_or_a_gpu_package_stays():
     """ultralytics' exporter: `if imx and device is None and torch.cuda.is_available():
     device = "0"`, and `cuda = torch.cuda.is_available()` choosing "onnxruntime-gpu"."""

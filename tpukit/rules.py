@@ -60,8 +60,8 @@ _NAME_TABLES = ("moved", "internal", "env")
 # The parts of a message written as a table (findings.Message)
 MESSAGE_PARTS = ("what", "cause", "fix")
 _FIELD = re.compile(r"^[a-z_][a-z0-9_]*$")
-_EXAMPLE_KEYS = frozenset({"before", "codes", "owner"} | set(TARGETS)
-                          | {f"codes_{t}" for t in TARGETS})
+_EXAMPLE_KEYS = frozenset({"before", "codes", "left", "owner"} | set(TARGETS)
+                          | {f"codes_{t}" for t in TARGETS} | {f"left_{t}" for t in TARGETS})
 # Whose code an example is: the user's program (ported whole), or a package's library code
 # (`--library-mode`: CUDA-only paths and the package's own choices left as they are).
 EXAMPLE_OWNERS = ("program", "library")
@@ -190,9 +190,16 @@ class Example:
     # `codes_<target>`: the codes on a target where they differ from `codes`
     target_codes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     owner: str = "program"  # one of EXAMPLE_OWNERS
+    # exactly the codes of the findings left for a person (not applied), if given; `left_<target>`
+    # where a target differs
+    left: tuple[str, ...] | None = None
+    target_left: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def codes_for(self, target: str) -> tuple[str, ...] | None:
         return self.target_codes.get(target, self.codes)
+
+    def left_for(self, target: str) -> tuple[str, ...] | None:
+        return self.target_left.get(target, self.left)
 
 
 @dataclass(frozen=True)
@@ -312,7 +319,10 @@ def _parse(path: Path) -> Rule:
         if owner not in EXAMPLE_OWNERS:
             raise RuleError(f"{path}: an example's owner is {owner!r}, not one of "
                             f"{', '.join(EXAMPLE_OWNERS)}")
-        examples.append(Example(raw["before"], expected, codes, target_codes, owner))
+        left = tuple(raw["left"]) if "left" in raw else None
+        target_left = {t: tuple(raw[f"left_{t}"]) for t in TARGETS if f"left_{t}" in raw}
+        examples.append(Example(raw["before"], expected, codes, target_codes, owner, left,
+                                target_left))
     code_rule = data.get("engine") not in NON_CODE_ENGINES
     if not examples and code_rule:  # environment checks and run findings have no code
         raise RuleError(f"{path}: a rule needs at least one example (examples are its tests)")
