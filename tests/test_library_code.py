@@ -1636,27 +1636,6 @@ def test_a_library_s_tests_for_the_gpu_stay_with_what_they_choose(tmp_path):
     assert 'assert bool(xr.device_type()), "This integration requires CUDA."' in out(source)
 
 
-def test_a_library_reads_its_launcher_s_rank_variables_as_they_are(tmp_path):
-    # lightning's TorchElasticEnvironment: `int(os.environ["WORLD_SIZE"])` became
-    # `xr.world_size()`, which for CPU DDP on a TPU host started the XLA runtime in every
-    # process and read 1 (every process rank 0 of 1)
-    source = """
-        import os
-
-        class TorchElastic:
-            def world_size(self):
-                return int(os.environ["WORLD_SIZE"])
-
-            def local_rank(self):
-                return int(os.environ["LOCAL_RANK"])
-        """
-    result = _package(tmp_path, source)
-    assert result.new_source == textwrap.dedent(source).lstrip("\n")
-    left = [f for f in result.findings if f.code == "TPU405"]
-    assert [f.location.line for f in left] == [5, 8] and not any(f.applied for f in left)
-    assert "xr.world_size()" in out(source)  # a script's own reads: torch_xla's
-
-
 def test_library_code_that_picks_among_vendors_is_left_to_the_library(tmp_path):
     # DeepSpeed's get_accelerator: `torch.cuda.device_count() == 0` before it looks for an XPU
     # became a count of XLA devices, which started the runtime in the launcher; accelerate's
@@ -1858,54 +1837,6 @@ def test_a_file_of_an_installed_package_is_someone_else_s(tmp_path, run_cli):
     run_cli("migrate", "--library-mode", "deps/pkg/ops.py", cwd=tmp_path)
     assert ('if _tpukit_on_xla():\n    x = torch.zeros(2).to(torch.device("xla"))\nelse:\n'
             "    x = torch.zeros(2).cuda()\n") in (site / "pkg" / "ops.py").read_text()
-
-
-def test_a_library_s_question_to_the_host_s_cuda_is_left_wherever_it_is(tmp_path):
-    # lightning's RunIf(bf16_cuda=True): `cond = not (torch.cuda.is_available() and
-    # torch.cuda.is_bf16_supported())` read the XLA runtime (true on a CPU host with torch_xla)
-    # and ran CUDA-only tests there
-    source = """
-        import torch
-
-        if is_cuda_available():  # mmengine's device/utils.py, at import
-            DEVICE = "cuda"
-
-        def run_if(bf16_cuda=False):
-            if bf16_cuda:
-                cond = not (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-                return cond, torch.cuda.device_count()
-        """
-    result = _package(tmp_path, source)
-    assert result.new_source == textwrap.dedent(source).lstrip("\n")
-    # (`is_cuda_available()` is the library's own function: what it asks is not known here,
-    # and its name says nothing)
-    assert [f.code for f in result.findings] == ["TPU110"] * 3
-    assert not any(f.applied for f in result.findings)
-    assert "bool(xr.device_type())" in out(source)  # a script's: ported
-
-
-def test_a_library_s_cuda_or_cpu_string_choice_stays_whole(tmp_path):
-    # minGPT's trainer (walked as a folder): `self.device = 'cuda' if torch.cuda.is_available()
-    # else 'cpu'`, the name used as a string, was said to stay, and then its 'cuda' became
-    # 'xla' by the conditional's leave: 'xla' on a CUDA host, the CPU on a TPU host
-    source = """
-        import torch
-
-        class Trainer:
-            def __init__(self, config, model):
-                if config.device == 'auto':
-                    self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
-                else:
-                    self.device = config.device
-                self.model = model.to(self.device)
-        """
-    result = _package(tmp_path, source)
-    assert result.new_source == textwrap.dedent(source).lstrip("\n")
-    assert [f.code for f in result.findings] == ["TPU101", "TPU110"]  # one finding each
-    assert not any(f.applied for f in result.findings)
-    # a script's: ported; `self.device` is not compared as a string (config.device is), so
-    # the choice becomes the device itself
-    assert "self.device = torch_xla.device()\n" in out(source)
 
 
 def test_a_library_s_grad_scaler_stays_with_its_fp16(tmp_path):
