@@ -553,3 +553,17 @@ def test_every_migrate_finding_comes_in_parts(code, example_findings):
             cause, fix = finding.explanation.cause, finding.explanation.fix
             assert cause or fix, finding.message
             assert finding.message.endswith(f". Fix: {fix}" if fix else f": {cause}")
+
+
+def test_a_message_in_parts_is_said_one_way_and_a_part_adds_to_it():
+    from tpukit.findings import Message
+
+    base = Message("`x.cuda()` -> `x.to(device)`", "XLA has its own device", "moved")
+    assert str(base) == "`x.cuda()` -> `x.to(device)`: XLA has its own device. Fix: moved"
+    assert str(Message("`x`", fix="port it")) == "`x`. Fix: port it"
+    added = base + Message(" (not rewritten)", "it is written to", "port it by hand")
+    assert added == Message("`x.cuda()` -> `x.to(device)` (not rewritten)",
+                            "XLA has its own device; it is written to", "moved; port it by hand")
+    assert added.explanation.cause == "XLA has its own device; it is written to"
+    with pytest.raises(TypeError):
+        base + " (text)"  # a piece of a message is a Message too
