@@ -53,3 +53,14 @@ def run_cli():
         return proc
 
     return run
+
+
+def assert_said_in_parts(findings) -> None:
+    """Every migrate finding is said in parts (what, cause, fix: findings.Message) and carries
+    them as its explanation, as every `tpukit run` finding does: a cause or a fix, and the
+    message said from them by findings.said."""
+    for finding in findings:
+        assert finding.explanation is not None, f"{finding.code}: {finding.message}"
+        cause, fix = finding.explanation.cause, finding.explanation.fix
+        assert cause or fix, f"{finding.code}: {finding.message}"
+        assert finding.message.endswith(f". Fix: {fix}" if fix else f": {cause}"), finding.message

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FIXTURES
+from conftest import FIXTURES, assert_said_in_parts
 from tpukit.config import DEFAULT_EAGER_MODE
 from tpukit.migrate.engine import MigrateOptions, migrate_source
 from tpukit.rules import TARGETS, select_rules
@@ -50,6 +50,7 @@ def test_fixture_migrates_to_golden(name, target):
     migration = migrate_source((folder / "cuda.py").read_text(), "cuda.py", OPTIONS[target])
     assert migration.new_source == (folder / code).read_text()
     assert findings_text(migration.findings) == (folder / findings).read_text()
+    assert_said_in_parts(migration.findings)
 
 
 @pytest.mark.parametrize("name,target", TARGET_CASES)

@@ -518,43 +518,6 @@ def test_a_guards_finding_is_worded_by_the_migrate_message_file(monkeypatch):
                for f in result.findings), [f.message for f in result.findings]
 
 
-# Every migrate finding is said in parts (what, cause, fix: findings.Message) and carries
-# them as its explanation, as every `tpukit run` finding does: run every rule's examples and
-# every fixture on both targets and list the findings that came as one string.
-def _findings_of_examples_and_fixtures() -> list:
-    from test_fixtures import CASES, FIXTURES, OPTIONS as FIXTURE_OPTIONS
-    from test_rules import migrated
-
-    found = []
-    for rule in load_rules().values():
-        for example in rule.examples:
-            for target in example.expected:
-                found += [(target, f) for f in migrated(example, target, example.before).findings]
-    for name in CASES:
-        source = (FIXTURES / name / "cuda.py").read_text(encoding="utf-8")
-        for target in TARGETS:
-            found += [(target, f) for f in
-                      migrate_source(source, "cuda.py", FIXTURE_OPTIONS[target]).findings]
-    return found
-
-
-@pytest.fixture(scope="module")
-def example_findings():
-    return _findings_of_examples_and_fixtures()
-
-
-@pytest.mark.parametrize("code", [c for c, r in load_rules().items() if r.checks_code])
-def test_every_migrate_finding_comes_in_parts(code, example_findings):
-    whole = sorted({f"{target}: {f.message}" for target, f in example_findings
-                    if f.code == code and f.explanation is None})
-    assert not whole, "\n".join(whole)
-    for _, finding in example_findings:
-        if finding.code == code:  # said as findings.said says it, with a cause or a fix
-            cause, fix = finding.explanation.cause, finding.explanation.fix
-            assert cause or fix, finding.message
-            assert finding.message.endswith(f". Fix: {fix}" if fix else f": {cause}")
-
-
 def test_a_message_in_parts_is_said_one_way_and_a_part_adds_to_it():
     from tpukit.findings import Message
 

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from conftest import assert_said_in_parts
 from tpukit.migrate.engine import MigrateOptions, migrate_source
 from tpukit.migrate.ownership import Owner
 from tpukit.migrate.transforms.base import transform_for
@@ -102,6 +103,7 @@ def test_example_migrates_to_its_expected_form(rule, target, example):
     migration = migrated(example, target, before)
     expected = example.expected[target].lstrip("\n")
     assert migration.new_source == expected
+    assert_said_in_parts(migration.findings)
     codes = {f.code for f in migration.findings}
     if rule.skips(target):
         assert rule.code not in codes  # nothing to do on this target: not even a finding

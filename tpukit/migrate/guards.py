@@ -19,7 +19,7 @@ from tpukit.findings import FixKind
 from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.analysis.catalog import cuda_catalog
 from tpukit.migrate.analysis.cuda_only import CUDA_WORD, cuda_library, cuda_package
-from tpukit.migrate.analysis.unported import flag_deciding_cuda, guards_cuda_only
+from tpukit.migrate.analysis.unported import cuda_under_flag, flag_deciding_cuda, flag_name
 from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string, string_value
 from tpukit.migrate.nodes import children, first, scan, walk
 from tpukit.rules import engine_say
@@ -331,9 +331,8 @@ def restore_flags(ctx: MigrationContext, updated: cst.Assign):
     if not found.uses:
         return updated
     for target in updated.targets:
-        name = target.target.attr.value if isinstance(target.target, cst.Attribute) else (
-            target.target.value if isinstance(target.target, cst.Name) else None)
-        left = name and ctx.memo(("cuda_flag", name), lambda n=name: guards_cuda_only(ctx, n))
+        name = flag_name(target.target)
+        left = name and cuda_under_flag(ctx, name)
         if left:
             restore = {key: _put_back(ctx, key, left, "where_under_flag", name=name)
                        for key in found.uses}

@@ -16,23 +16,29 @@ from tpukit.migrate.nodes import first, scan, walk
 from tpukit.rules import load_rules
 
 
+def flag_name(target: cst.BaseExpression) -> str | None:
+    """The name a flag assigned to `target` is read by: a variable's (`use_pin`), an
+    attribute's (`self.is_cuda`); None for anything else (a subscript, a tuple)."""
+    if isinstance(target, cst.Attribute):
+        return target.attr.value
+    return target.value if isinstance(target, cst.Name) else None
+
+
+def cuda_under_flag(ctx: MigrationContext, name: str) -> str | None:
+    """What CUDA-only code the flag `name` decides (`_guards_cuda_only`), once per file."""
+    return ctx.memo(("cuda_flag", name), lambda: _guards_cuda_only(ctx, name))
+
+
 def flag_deciding_cuda(ctx: MigrationContext, node: cst.If) -> tuple[str, str] | None:
     """A name or attribute an `if`'s branches assign (`use_pin = False`, `self.pin = flag`)
     that elsewhere decides CUDA-only code no rule ports, with that code; else None."""
-    names = []
-    for branch in filter(None, (node.body, node.orelse)):
-        for target in (n.target for n in walk(branch)
-                       if isinstance(n, (cst.AssignTarget, cst.AnnAssign))):
-            if isinstance(target, cst.Attribute):
-                names.append(target.attr.value)
-            elif isinstance(target, cst.Name):
-                names.append(target.value)
-    for name in dict.fromkeys(names):
-        left = ctx.memo(("cuda_flag", name), lambda n=name: guards_cuda_only(ctx, n))
+    names = (flag_name(n.target) for branch in filter(None, (node.body, node.orelse))
+             for n in walk(branch) if isinstance(n, (cst.AssignTarget, cst.AnnAssign)))
+    for name in dict.fromkeys(filter(None, names)):
+        left = cuda_under_flag(ctx, name)
         if left:
             return name, left
     return None
-
 
 
 @functools.cache
@@ -62,7 +68,7 @@ def unported_cuda_call(target: str, name: str | None) -> bool:
     return used is not None and _unported_call(target, used)
 
 
-def guards_cuda_only(ctx: MigrationContext, name: str) -> str | None:
+def _guards_cuda_only(ctx: MigrationContext, name: str) -> str | None:
     """What CUDA-only code a flag decides: the first thing no rule ports in either branch of
     an `if` (or conditional expression) whose test reads `name` (`if not self.build_for_cpu:
     nvcc_args.append(...)`, deepspeed's op builder; timm's `if self.is_cuda: torch.cuda.Stream`),
