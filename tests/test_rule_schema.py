@@ -60,6 +60,18 @@ def test_an_examples_owner_is_the_program_or_library_code(tmp_path):
     assert owners == {"program", "library"}
 
 
+@pytest.mark.parametrize("entry,problem", [
+    ('{ code = "TPU102", lien = 3 }', r"bad keys \['lien'\]"),
+    ('{ code = "TPU102", applied = "no" }', r"bad keys \['applied'\]"),
+    ('{ line = 3 }', "no 'code'"),
+])
+def test_an_examples_findings_entry_is_checked(tmp_path, entry, problem):
+    path, _ = _copy_with(tmp_path, "TPU102-cuda-method.toml", '[[examples]]\nowner = "library"',
+                         f'[[examples]]\nfindings = [{entry}]\nowner = "library"')
+    with pytest.raises(RuleError, match=rf"TPU102-cuda-method.toml: an example's findings entry .*{problem}"):
+        _parse(path)
+
+
 def test_a_library_example_runs_as_library_code():
     # the same source as a library example and as the program's: a library module that
     # imports a CUDA-only package is left as it is, the program's is ported

@@ -97,6 +97,15 @@ def test_migrate_runs_only_code_rules():
     assert not any(r.code == "TPU001" for r in ALL.rules if r.checks_code)
 
 
+def _is_like(finding, want: dict) -> bool:
+    """`finding` is as an example's `findings` entry describes (rules.FINDING_KEYS)."""
+    return (finding.code == want["code"]
+            and want.get("line", finding.location.line) == finding.location.line
+            and want.get("applied", finding.applied) == finding.applied
+            and want.get("severity", finding.severity.value) == finding.severity.value
+            and want.get("says", "") in finding.message)
+
+
 @pytest.mark.parametrize("rule,target,example", EXAMPLES)
 def test_example_migrates_to_its_expected_form(rule, target, example):
     before = example.before.lstrip("\n")
@@ -113,6 +122,9 @@ def test_example_migrates_to_its_expected_form(rule, target, example):
         assert rule.code in codes
     if example.left_for(target) is not None:  # what still needs a person, by code
         assert {f.code for f in migration.findings if not f.applied} == set(example.left_for(target))
+    for want in example.findings_for(target):  # a finding's line, state and what it names
+        found = [f for f in migration.findings if _is_like(f, want)]
+        assert len(found) == want["count"] if "count" in want else found, (want, migration.findings)
 
 
 @pytest.mark.parametrize("rule,target,example", EXAMPLES)

@@ -60,8 +60,13 @@ _NAME_TABLES = ("moved", "internal", "env")
 # The parts of a message written as a table (findings.Message)
 MESSAGE_PARTS = ("what", "cause", "fix")
 _FIELD = re.compile(r"^[a-z_][a-z0-9_]*$")
-_EXAMPLE_KEYS = frozenset({"before", "codes", "left", "owner"} | set(TARGETS)
-                          | {f"codes_{t}" for t in TARGETS} | {f"left_{t}" for t in TARGETS})
+_EXAMPLE_KEYS = frozenset({"before", "codes", "left", "owner", "findings"} | set(TARGETS)
+                          | {f"{key}_{t}" for t in TARGETS for key in ("codes", "left", "findings")})
+# What an example's `findings` entry may say of the findings of one code: a line, whether it was
+# applied, its severity, how many there are (0: none), words its message says. Each entry
+# needs at least one finding like it (exactly `count`, if given).
+FINDING_KEYS = {"code": str, "line": int, "applied": bool, "severity": str, "count": int,
+                "says": str}
 # Whose code an example is: the user's program (ported whole), or a package's library code
 # (`--library-mode`: CUDA-only paths and the package's own choices left as they are).
 EXAMPLE_OWNERS = ("program", "library")
@@ -182,6 +187,18 @@ def check_schema(path: Path, text: str, data: dict) -> None:
         _unknown(path, text, example, _EXAMPLE_KEYS, "[[examples]]")
 
 
+def _example_findings(path: Path, entries: list) -> tuple[dict, ...]:
+    """An example's `findings` entries, each checked against FINDING_KEYS."""
+    for entry in entries:
+        bad = ({k for k in entry if not isinstance(entry[k], FINDING_KEYS.get(k, ()))}
+               if isinstance(entry, dict) else {"(not a table)"})
+        if bad or "code" not in entry:
+            raise RuleError(f"{path}: an example's findings entry {entry!r}: "
+                            + (f"bad keys {sorted(bad)}" if bad else "no 'code'")
+                            + f" (keys: {', '.join(FINDING_KEYS)})")
+    return tuple(entries)
+
+
 @dataclass(frozen=True)
 class Example:
     before: str
@@ -194,12 +211,19 @@ class Example:
     # where a target differs
     left: tuple[str, ...] | None = None
     target_left: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # findings described by code, line, applied, severity, count, says (FINDING_KEYS);
+    # `findings_<target>` where a target differs
+    findings: tuple[dict, ...] = ()
+    target_findings: dict[str, tuple[dict, ...]] = field(default_factory=dict)
 
     def codes_for(self, target: str) -> tuple[str, ...] | None:
         return self.target_codes.get(target, self.codes)
 
     def left_for(self, target: str) -> tuple[str, ...] | None:
         return self.target_left.get(target, self.left)
+
+    def findings_for(self, target: str) -> tuple[dict, ...]:
+        return self.target_findings.get(target, self.findings)
 
 
 @dataclass(frozen=True)
@@ -321,8 +345,11 @@ def _parse(path: Path) -> Rule:
                             f"{', '.join(EXAMPLE_OWNERS)}")
         left = tuple(raw["left"]) if "left" in raw else None
         target_left = {t: tuple(raw[f"left_{t}"]) for t in TARGETS if f"left_{t}" in raw}
+        findings = _example_findings(path, raw.get("findings", []))
+        target_findings = {t: _example_findings(path, raw[f"findings_{t}"])
+                           for t in TARGETS if f"findings_{t}" in raw}
         examples.append(Example(raw["before"], expected, codes, target_codes, owner, left,
-                                target_left))
+                                target_left, findings, target_findings))
     code_rule = data.get("engine") not in NON_CODE_ENGINES
     if not examples and code_rule:  # environment checks and run findings have no code
         raise RuleError(f"{path}: a rule needs at least one example (examples are its tests)")
