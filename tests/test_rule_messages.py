@@ -530,3 +530,19 @@ def test_a_message_in_parts_is_said_one_way_and_a_part_adds_to_it():
     assert added.explanation.cause == "XLA has its own device; it is written to"
     with pytest.raises(TypeError):
         base + " (text)"  # a piece of a message is a Message too
+
+
+def test_a_call_left_as_it_is_says_its_entrys_cause_and_fix():
+    # `instead`, `otherwise` and `gpu_count` written as tables of a cause and a fix (TPU911,
+    # TPU407, TPU110): the finding carries both as its explanation
+    source = ("import torch\nimport torch.distributed as dist\ntorch.cuda.set_stream(s)\n"
+              "dist.barrier(group=g)\nn_gpu = torch.cuda.device_count()\nbatch = 8 * n_gpu\n")
+    result = migrate_source(source, "x.py", MigrateOptions(rules=select_rules([], []), target="xla"))
+    said = {f.code: f for f in result.findings}
+    stream = said["TPU911"]
+    assert (stream.explanation.cause, stream.explanation.fix) == ("XLA has no streams", "remove it")
+    assert stream.message == "`torch.cuda.set_stream(s)`: XLA has no streams. Fix: remove it"
+    assert said["TPU407"].explanation.fix == "keep it, or port it by hand"
+    assert said["TPU407"].explanation.cause.endswith("`xm.rendezvous` would wait for every process")
+    assert said["TPU110"].explanation.fix == "set it by hand"
+    assert said["TPU110"].explanation.cause.startswith("a GPU count")

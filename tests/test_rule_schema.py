@@ -190,6 +190,46 @@ def test_a_message_is_a_template_of_named_fields(tmp_path):
         shutil.rmtree(tmp_path / "rules")
 
 
+# TPU911's first `instead` (torch.cuda.set_stream on xla)
+_STREAMS_INSTEAD = 'instead = { cause = "XLA has no streams", fix = "remove it" }'
+
+
+@pytest.mark.parametrize("table,problem", [
+    ('{ what = "a stream", fix = "remove it" }', r"a table holds cause, fix, not what"),
+    ('{ cause = "XLA has no streams", fix = 1 }', r"not a string or a table of strings"),
+    ("{}", r"not a string or a table of strings"),
+])
+def test_an_instead_table_holds_a_cause_and_a_fix_as_strings(tmp_path, table, problem):
+    path, text = _copy_with(tmp_path, "TPU911-cuda-only-streams.toml", _STREAMS_INSTEAD,
+                            f"instead = {table}")
+    line = text.splitlines().index(f"instead = {table}") + 1
+    with pytest.raises(RuleError, match=rf"^rules/TPU911-cuda-only-streams.toml:{line}: "
+                                        rf"targets.xla.calls.torch.cuda.set_stream.instead: {problem}"):
+        _parse(path)
+
+
+def test_an_instead_table_of_one_part_loads_as_that_part(tmp_path):
+    from tpukit.findings import Message
+    from tpukit.rules import manual_message
+
+    path, _ = _copy_with(tmp_path, "TPU911-cuda-only-streams.toml", _STREAMS_INSTEAD,
+                         'instead = { fix = "remove it" }')
+    entry = _parse(path).target("xla")["calls"]["torch.cuda.set_stream"]
+    assert manual_message(entry["instead"]) == Message(fix="remove it")
+
+
+def test_explain_says_an_instead_table_as_its_cause_and_fix():
+    import io
+
+    from rich.console import Console
+
+    from tpukit.explain import explain
+
+    out = io.StringIO()
+    explain(load_rules()["TPU911"], Console(file=out, width=400))
+    assert "torch.cuda.set_stream(...) finding: XLA has no streams. Fix: remove it" in out.getvalue()
+
+
 def test_needs_names_rules_that_exist(tmp_path, monkeypatch):
     import tpukit.rules as rules
 

@@ -11,7 +11,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from tpukit.rules import TARGETS, Rule
+from tpukit.rules import TARGETS, Rule, manual_message
 
 
 def rule_dict(rule: Rule) -> dict:
@@ -43,6 +43,13 @@ def rules_table(rules: list[Rule], con: Console) -> None:
     con.print("Explain one: tpukit rules CODE")
 
 
+def _manual_text(value: str | dict) -> str:
+    """An entry's `instead`: a string (its fix) as written, a table as "cause. Fix: fix"."""
+    message = manual_message(value)
+    return f"{message.cause}. Fix: {message.fix}" if message.cause and message.fix \
+        else message.cause or message.fix
+
+
 def _mapping_lines(rule: Rule, target: str) -> list[str]:
     mapping = rule.target(target)
     if not rule.maps(target):
@@ -62,7 +69,7 @@ def _mapping_lines(rule: Rule, target: str) -> list[str]:
                 elif "remove" in entry:
                     action = f"removed ({entry['remove']})"
                 else:
-                    action = f"finding: {entry.get('instead', '')}"
+                    action = f"finding: {_manual_text(entry.get('instead', ''))}"
                 lines.append(f"{name}(...) {action}")
         else:
             lines.append(f"{key}: {value}")

@@ -55,6 +55,10 @@ _CALL_KEYS = frozenset({
     "otherwise", "remove", "replace", "statements",
     "value_ok", "when",
 })
+# A call entry's finding for a call left as it is: a string (`instead`, `otherwise`: the fix;
+# `gpu_count`: the cause) or a table of MANUAL_PARTS. It has no `what`: the engine says the call.
+MANUAL_KEYS = ("instead", "otherwise", "gpu_count")
+MANUAL_PARTS = ("cause", "fix")
 # Tables whose keys are names (of messages, modules, variables), each mapped to a string.
 _NAME_TABLES = ("moved", "internal", "env")
 # The parts of a message written as a table (findings.Message)
@@ -147,6 +151,23 @@ def _template_problem(template) -> str | None:
     return None
 
 
+def manual_message(value: str | dict, part: str = "fix") -> Message:
+    """A call entry's MANUAL_KEYS value as a Message: a table's parts, or a string as `part`."""
+    return Message(**value) if isinstance(value, dict) else Message(**{part: value})
+
+
+def _manual_problem(value) -> str | None:
+    """What is wrong with a MANUAL_KEYS value, or None: a string, or a table of one or both
+    MANUAL_PARTS, each a string."""
+    if isinstance(value, str):
+        return None
+    parts = ", ".join(MANUAL_PARTS)
+    if not isinstance(value, dict) or not value or not all(isinstance(v, str) for v in value.values()):
+        return f"not a string or a table of strings ({parts})"
+    unknown = sorted(set(value) - set(MANUAL_PARTS))
+    return f"a table holds {parts}, not {', '.join(unknown)}" if unknown else None
+
+
 def check_schema(path: Path, text: str, data: dict) -> None:
     """Raise RuleError at the first key or value the schema does not know."""
     engine = data.get("engine")
@@ -172,6 +193,12 @@ def check_schema(path: Path, text: str, data: dict) -> None:
                 raise RuleError(f"{_display(path)}:{_line_of(text, name)}: targets.{target}.calls.{name} "
                                 f"must be a table")
             _unknown(path, text, call, _CALL_KEYS, f'[targets.{target}.calls."{name}"]', name)
+            for key in MANUAL_KEYS:
+                problem = _manual_problem(call[key]) if key in call else None
+                if problem:
+                    line = _line_of(text, key, f'{target}.calls."{name}"')
+                    raise RuleError(f"{_display(path)}:{line}: targets.{target}.calls.{name}.{key}: "
+                                    f"{problem}")
         for key in _NAME_TABLES:
             for name, value in table.get(key, {}).items():
                 if not isinstance(value, str):

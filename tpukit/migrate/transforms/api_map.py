@@ -6,7 +6,8 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
   statements  templates the call becomes when it is a statement of its own
   remove      the call, as a statement of its own, is removed; the text is the comment left
   helper      a function from tpukit.migrate.helpers that `replace` uses
-  instead     no rewrite: what to do instead (the finding's message)
+  instead     no rewrite: what to do instead (the finding's fix), or a table of its `cause`
+              and `fix` (rules.manual_message)
   value_ok    a `statements`/`remove` entry whose call, used as a value, is right as it is
               (`with torch.tpu.set_eager_mode(m):` is the context manager's own use)
   when        a regular expression the call's source must match for the entry to apply
@@ -16,14 +17,15 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
               (`{call}`: the call's code, `{owner}`: what its function is an attribute of)
   lacking_in_package  true: in a package module (library code) the lacking form is used
               whatever the file says
-  otherwise   the finding's message for a call `when` does not match (no rewrite)
+  otherwise   the finding's fix (or table, as `instead`) for a call `when` does not match
+              (no rewrite)
   as_device   the `replace` template where the call's value is used as a device (`.to(...)`,
               `device=`, `map_location=`, a `device_map` dict; `as_device_note`: its note)
   as_type     the `replace` template where only the value's `.type` is read
               (`current_accelerator().type`: the string "xla", which starts nothing;
               `as_type_note`: its note)
   gpu_count   no rewrite where the value is stored in a variable that scales something
-              (`batch_size * n_gpu`): the finding's message
+              (`batch_size * n_gpu`): the finding's cause (or table, as `instead`)
   before_launch  the `replace` template to use instead in a launcher's scope (the function or
               top level that calls mp.spawn / torch_xla.launch), where the XLA runtime must
               not be initialised yet (`before_launch_note`: its note, `before_launch_helper`:
@@ -42,6 +44,7 @@ from tpukit.migrate.context import dotted, string_value
 from tpukit.migrate.analysis.unported import unported_cuda_call
 from tpukit.migrate.nodes import walk
 from tpukit.migrate.transforms.base import StatementPlan, Transform, engine
+from tpukit.rules import manual_message
 
 
 @engine("call-map")
@@ -80,12 +83,12 @@ class CallMap(Transform):
         note = entry.get("note") or self.rule.message_for(self.ctx.target) or self.rule.summary
         return Message(f"`{self.ctx.short(call)}` -> `{new}`", note)
 
-    def _manual(self, call: cst.Call, text: str | Message) -> None:
-        """Report `call` as left for a person: `text` is an entry's own text (`instead`,
-        `otherwise`: the fix to make; `gpu_count`: why it cannot be made) or a message of
+    def _manual(self, call: cst.Call, text: str | dict | Message) -> None:
+        """Report `call` as left for a person: `text` is an entry's own (`instead`, `otherwise`:
+        the fix to make, or a table of cause and fix) or a message of
         rules/engines/call-map.toml in parts (what `call` is follows it)."""
-        if isinstance(text, str):
-            text = Message(fix=text)
+        if not isinstance(text, Message):
+            text = manual_message(text)
         head = Message(f"`{self.ctx.short(call)}`: " if text.what else f"`{self.ctx.short(call)}`")
         self.ctx.report(self.rule, call, head + text, False, fix=FixKind.NONE)
 
@@ -266,7 +269,7 @@ class CallMap(Transform):
         elif "gpu_count" in entry and any(
                 self.ctx.values.uses_of(K.SCALE, t) for t in self._targets()):
             # `n_gpu = ...` that scales a batch size (`batch_size * n_gpu`)
-            self._manual(node, Message(cause=entry["gpu_count"]))
+            self._manual(node, manual_message(entry["gpu_count"], "cause"))
             return None
         elif self.ctx.at_import_time() and STARTS_RUNTIME.search(template):
             if "before_launch" in entry:  # what runs before torch_xla.launch runs here too
