@@ -19,14 +19,16 @@ from tpukit.findings import FixKind
 from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.analysis.catalog import cuda_catalog
 from tpukit.migrate.analysis.cuda_only import CUDA_WORD, cuda_library, cuda_package
-from tpukit.migrate.analysis.unported import cuda_under_flag, flag_deciding_cuda, flag_name
+from tpukit.migrate.analysis.unported import (cuda_under_flag, flag_deciding_cuda, flag_key,
+                                              flag_name)
 from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string, string_value
 from tpukit.migrate.nodes import children, first, scan, walk
 from tpukit.rules import engine_say
 
 
-def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
-    """`updated` with the guards of its test put back where what they guard is not ported."""
+def restore_unported(ctx: MigrationContext, original: cst.CSTNode, updated: cst.If | cst.IfExp):
+    """`updated` (`original` as written) with the guards of its test put back where what they
+    guard is not ported."""
     found = _GuardUses(ctx.guards)
     scan(updated.test, found)
     restore = {}
@@ -54,7 +56,7 @@ def restore_unported(ctx: MigrationContext, updated: cst.If | cst.IfExp):
         if named is not None:
             restore[key] = _put_back(ctx, key, named, "where_other_branch")
             continue
-        flag = flag_deciding_cuda(ctx, updated) if isinstance(updated, cst.If) else None
+        flag = flag_deciding_cuda(ctx, original) if isinstance(original, cst.If) else None
         if flag is not None:
             # `if pin_memory and not torch.cuda.is_available(): self.pin_memory = False`, read
             # by `if self.pin_memory: torch.cuda._pin_memory_utils.pin_memory(...)` (torch's
@@ -320,7 +322,7 @@ def _exits(body: cst.BaseSuite) -> bool:
     return isinstance(_last_statement(body), (cst.Return, cst.Raise, cst.Continue, cst.Break))
 
 
-def restore_flags(ctx: MigrationContext, updated: cst.Assign):
+def restore_flags(ctx: MigrationContext, original: cst.CSTNode, updated: cst.Assign):
     """`self.is_cuda = device.type == "cuda" and torch.cuda.is_available()`, read later by
     `if self.is_cuda: stream = torch.cuda.Stream(...)` (timm's prefetcher): a flag that guards
     CUDA-only code keeps its CUDA test, so that it stays False on a TPU."""
@@ -330,10 +332,12 @@ def restore_flags(ctx: MigrationContext, updated: cst.Assign):
     scan(updated.value, found)
     if not found.uses:
         return updated
-    for target in updated.targets:
-        name = flag_name(target.target)
-        left = name and cuda_under_flag(ctx, name)
+    # (the flag is known by the variable its target is in the file as written)
+    for target in (original if isinstance(original, cst.Assign) else updated).targets:
+        flag = flag_key(ctx, target.target)
+        left = flag and cuda_under_flag(ctx, flag)
         if left:
+            name = flag_name(target.target)
             restore = {key: _put_back(ctx, key, left, "where_under_flag", name=name)
                        for key in found.uses}
             return updated.with_changes(value=updated.value.visit(_Restore(restore)))

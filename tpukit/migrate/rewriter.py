@@ -181,9 +181,9 @@ class Rewriter(cst.CSTTransformer):
         if self.ctx.guards:
             updated_type = type(updated)
             if updated_type is cst.If or updated_type is cst.IfExp:
-                updated = restore_unported(self.ctx, updated)
+                updated = restore_unported(self.ctx, original, updated)
             elif updated_type is cst.Assign:
-                updated = restore_flags(self.ctx, updated)
+                updated = restore_flags(self.ctx, original, updated)
             elif updated_type is cst.For:
                 updated = restore_loop(self.ctx, updated)
         updated_type = type(updated)

@@ -17,25 +17,41 @@ from tpukit.rules import load_rules
 
 
 def flag_name(target: cst.BaseExpression) -> str | None:
-    """The name a flag assigned to `target` is read by: a variable's (`use_pin`), an
+    """The name a flag assigned to `target` is shown by: a variable's (`use_pin`), an
     attribute's (`self.is_cuda`); None for anything else (a subscript, a tuple)."""
     if isinstance(target, cst.Attribute):
         return target.attr.value
     return target.value if isinstance(target, cst.Name) else None
 
 
-def cuda_under_flag(ctx: MigrationContext, name: str) -> str | None:
-    """What CUDA-only code the flag `name` decides (`_guards_cuda_only`), once per file."""
-    return ctx.memo(("cuda_flag", name), lambda: _guards_cuda_only(ctx, name))
+def flag_key(ctx: MigrationContext, target: cst.BaseExpression) -> tuple | None:
+    """What identifies the flag `target` (a node of the file as written) names: its variable
+    (values.symbol: a name in its scope, a `self` attribute of its class, an argparse
+    option), or an attribute of any other object by that object's code (`cfg.pin`); None for
+    anything else (a subscript, a tuple)."""
+    if not isinstance(target, (cst.Name, cst.Attribute)):
+        return None
+    symbol = ctx.values.symbol(target)
+    if symbol is None and isinstance(target, cst.Attribute):
+        return ("of", ctx.code(target.value), target.attr.value)
+    return symbol
+
+
+def cuda_under_flag(ctx: MigrationContext, key: tuple) -> str | None:
+    """What CUDA-only code the flag `key` (flag_key) decides (`_guards_cuda_only`), once per
+    file."""
+    return ctx.memo(("cuda_flag", key), lambda: _guards_cuda_only(ctx, key))
 
 
 def flag_deciding_cuda(ctx: MigrationContext, node: cst.If) -> tuple[str, str] | None:
-    """A name or attribute an `if`'s branches assign (`use_pin = False`, `self.pin = flag`)
-    that elsewhere decides CUDA-only code no rule ports, with that code; else None."""
-    names = (flag_name(n.target) for branch in filter(None, (node.body, node.orelse))
-             for n in walk(branch) if isinstance(n, (cst.AssignTarget, cst.AnnAssign)))
-    for name in dict.fromkeys(filter(None, names)):
-        left = cuda_under_flag(ctx, name)
+    """A variable or attribute an `if`'s branches (of the file as written) assign (`use_pin = False`, `self.pin =
+    flag`) that elsewhere decides CUDA-only code no rule ports: its name and that code; else
+    None."""
+    targets = (n.target for branch in filter(None, (node.body, node.orelse))
+               for n in walk(branch) if isinstance(n, (cst.AssignTarget, cst.AnnAssign)))
+    keys = {key: flag_name(t) for t in targets if (key := flag_key(ctx, t)) is not None}
+    for key, name in keys.items():
+        left = cuda_under_flag(ctx, key)
         if left:
             return name, left
     return None
@@ -68,25 +84,27 @@ def unported_cuda_call(target: str, name: str | None) -> bool:
     return used is not None and _unported_call(target, used)
 
 
-def _guards_cuda_only(ctx: MigrationContext, name: str) -> str | None:
+def _guards_cuda_only(ctx: MigrationContext, key: tuple) -> str | None:
     """What CUDA-only code a flag decides: the first thing no rule ports in either branch of
-    an `if` (or conditional expression) whose test reads `name` (`if not self.build_for_cpu:
+    an `if` (or conditional expression) whose test reads the flag `key` (`if not self.build_for_cpu:
     nvcc_args.append(...)`, deepspeed's op builder; timm's `if self.is_cuda: torch.cuda.Stream`),
     or None. Read from the code as written: what a rule would port does not count."""
-    finder = _FlagReaders(ctx, name)
+    finder = _FlagReaders(ctx, key)
     scan(ctx.module, finder)
     return finder.found
 
 
 class _FlagReaders(cst.CSTVisitor):
-    def __init__(self, ctx: MigrationContext, name: str) -> None:
+    def __init__(self, ctx: MigrationContext, key: tuple) -> None:
         self.ctx = ctx
-        self.name = name
+        self.key = key
         self.found: str | None = None
 
+    def _is_flag(self, node: cst.CSTNode) -> bool:
+        return isinstance(node, (cst.Name, cst.Attribute)) and flag_key(self.ctx, node) == self.key
+
     def _reads(self, test: cst.BaseExpression) -> bool:
-        return bool(first(test, lambda n: (isinstance(n, cst.Name) and n.value == self.name) or (
-            isinstance(n, cst.Attribute) and n.attr.value == self.name)))
+        return bool(first(test, self._is_flag))
 
     def visit_If(self, node: cst.If | cst.IfExp) -> bool:
         if self.found is None and self._reads(node.test):

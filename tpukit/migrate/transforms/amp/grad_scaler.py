@@ -141,6 +141,10 @@ class GradScaler(Transform):
         """... and those of them assigned under a test that reads torch.float16."""
         return self.ctx.memo("scaler_variables", lambda: _scaler_variables(self.ctx))[1]
 
+    def statement_triggers(self, source: str) -> set[str]:
+        # the variables that hold a scaler, whatever they are called (`self.amp.update()`)
+        return super().statement_triggers(source) | self.ctx.values.names_of({K.SCALER})
+
     def fix_or_report(self, node, message, build, fix=None):
         # lightning's MixedPrecision plugin: its scaler serves the fp16 autocast of the device
         # the library picks (CUDA, or the CPU of a TPU host), which stays fp16: without the
