@@ -12,7 +12,7 @@ import libcst as cst
 from tpukit.migrate.analysis.catalog import cuda_catalog
 from tpukit.migrate.analysis.cuda_only import cuda_package, imported_modules, is_cuda_only
 from tpukit.migrate.context import MigrationContext, string_value
-from tpukit.migrate.nodes import first, scan, walk
+from tpukit.migrate.nodes import scan, walk
 from tpukit.rules import load_rules
 
 
@@ -86,40 +86,31 @@ def unported_cuda_call(target: str, name: str | None) -> bool:
 
 def _guards_cuda_only(ctx: MigrationContext, key: tuple) -> str | None:
     """What CUDA-only code a flag decides: the first thing no rule ports in either branch of
-    an `if` (or conditional expression) whose test reads the flag `key` (`if not self.build_for_cpu:
-    nvcc_args.append(...)`, deepspeed's op builder; timm's `if self.is_cuda: torch.cuda.Stream`),
-    or None. Read from the code as written: what a rule would port does not count."""
-    finder = _FlagReaders(ctx, key)
-    scan(ctx.module, finder)
-    return finder.found
+    an `if` (or conditional expression) whose test reads the flag `key` (`if not
+    self.build_for_cpu: nvcc_args.append(...)`, deepspeed's op builder; timm's `if
+    self.is_cuda: torch.cuda.Stream`), or None. Read from the code as written: what a rule
+    would port does not count."""
+    for node, read in ctx.memo("flag_tests", lambda: _flag_tests(ctx)):
+        if key not in read:
+            continue
+        for branch in (node.body, node.orelse):
+            if branch is None:
+                continue
+            if isinstance(node, cst.IfExp) and isinstance(branch, cst.SimpleString) \
+                    and cuda_package(string_value(branch)):
+                return branch.value  # `"onnxruntime-gpu" if cuda else "onnxruntime"`: a GPU build
+            found = unported_cuda(ctx, branch)
+            if found is not None:
+                return found
+    return None
 
 
-class _FlagReaders(cst.CSTVisitor):
-    def __init__(self, ctx: MigrationContext, key: tuple) -> None:
-        self.ctx = ctx
-        self.key = key
-        self.found: str | None = None
-
-    def _is_flag(self, node: cst.CSTNode) -> bool:
-        return isinstance(node, (cst.Name, cst.Attribute)) and flag_key(self.ctx, node) == self.key
-
-    def _reads(self, test: cst.BaseExpression) -> bool:
-        return bool(first(test, self._is_flag))
-
-    def visit_If(self, node: cst.If | cst.IfExp) -> bool:
-        if self.found is None and self._reads(node.test):
-            for branch in (node.body, node.orelse):
-                if branch is None or self.found is not None:
-                    continue
-                if isinstance(node, cst.IfExp) and isinstance(branch, cst.SimpleString) \
-                        and cuda_package(string_value(branch)):
-                    # `"onnxruntime-gpu" if cuda else "onnxruntime"`: the flag picks a GPU build
-                    self.found = branch.value
-                else:
-                    self.found = unported_cuda(self.ctx, branch)
-        return self.found is None
-
-    visit_IfExp = visit_If
+def _flag_tests(ctx: MigrationContext) -> list[tuple[cst.If | cst.IfExp, set]]:
+    """Each `if` and conditional expression of the file as written, in source order, with the
+    flags (flag_key) its test reads: found once per file, for every flag asked about."""
+    return [(node, {flag_key(ctx, n) for n in walk(node.test)
+                    if isinstance(n, (cst.Name, cst.Attribute))})
+            for node in walk(ctx.module) if isinstance(node, (cst.If, cst.IfExp))]
 
 
 def unported_cuda(ctx: MigrationContext, node: cst.CSTNode) -> str | None:

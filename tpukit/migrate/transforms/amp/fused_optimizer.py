@@ -26,6 +26,12 @@ def _optimizer_keys(value: cst.BaseExpression | None) -> bool:
         a.keyword is not None and a.keyword.value in OPTIMIZER_KEYS for a in value.args)
 
 
+def _fused_key(value: cst.BaseExpression) -> bool:
+    """A dict display with a "fused" key."""
+    return isinstance(value, cst.Dict) and any(
+        isinstance(e, cst.DictElement) and string_value(e.key) == "fused" for e in value.elements)
+
+
 def _argument_holders(ctx) -> set:
     """The variables (values.symbol) that hold an optimizer's keyword arguments: assigned a
     dict with an optimizer keyword, or given as `**kwargs` to an optimizer's constructor."""
@@ -95,14 +101,18 @@ class FusedOptimizer(Transform):
         return symbol is not None and symbol in self.ctx.memo(
             "optimizer_argument_variables", lambda: _argument_holders(self.ctx))
 
+    # (only a dict display with a "fused" key is ever turned off, leave_Dict: the holders,
+    # a walk of the whole module, are asked for those alone)
     def visit_Call(self, node: cst.Call):
         func = node.func
-        if (isinstance(func, cst.Attribute) and func.attr.value in ("update", "setdefault")
+        dicts = [a.value for a in node.args if _fused_key(a.value)]
+        if (dicts and isinstance(func, cst.Attribute)
+                and func.attr.value in ("update", "setdefault")
                 and self._holds_arguments(func.value)):
-            self.optimizer_dicts.update(id(a.value) for a in node.args)
+            self.optimizer_dicts.update(map(id, dicts))
 
     def visit_Assign(self, node: cst.Assign):
-        if any(self._holds_arguments(t.target) for t in node.targets):
+        if _fused_key(node.value) and any(self._holds_arguments(t.target) for t in node.targets):
             self.optimizer_dicts.add(id(node.value))
 
     def _fused_on(self, value: cst.BaseExpression) -> bool:
