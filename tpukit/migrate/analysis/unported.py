@@ -44,9 +44,9 @@ def cuda_under_flag(ctx: MigrationContext, key: tuple) -> str | None:
 
 
 def flag_deciding_cuda(ctx: MigrationContext, node: cst.If) -> tuple[str, str] | None:
-    """A variable or attribute an `if`'s branches (of the file as written) assign (`use_pin = False`, `self.pin =
-    flag`) that elsewhere decides CUDA-only code no rule ports: its name and that code; else
-    None."""
+    """A variable or attribute the branches of an `if` (of the file as written) assign
+    (`use_pin = False`, `self.pin = flag`) that elsewhere decides CUDA-only code no rule
+    ports: its name and that code; else None."""
     targets = (n.target for branch in filter(None, (node.body, node.orelse))
                for n in walk(branch) if isinstance(n, (cst.AssignTarget, cst.AnnAssign)))
     keys = {key: flag_name(t) for t in targets if (key := flag_key(ctx, t)) is not None}
