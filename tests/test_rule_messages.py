@@ -360,9 +360,39 @@ def test_torchtpu_only_keys_are_torchtpus_alone():
             assert key not in rule.target("xla").get("messages", {}), (code, key)
 
 
+def _run_said_keys() -> dict[str, dict[str, int]]:
+    """Rule code -> {key -> line}: the run side's `rule.say(target, KEY, ...)` calls, each in a
+    function that takes its rule as `load_rules()["TPU7xx"]`."""
+    said: dict[str, dict[str, int]] = {}
+    for path in sorted((ROOT / "tpukit" / "run").rglob("*.py")):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, ast.FunctionDef):
+                continue
+            codes = {n.slice.value for n in ast.walk(function) if isinstance(n, ast.Subscript)
+                     and isinstance(n.slice, ast.Constant) and str(n.slice.value).startswith("TPU")}
+            for call in ast.walk(function):
+                if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                        and call.func.attr == "say" and len(call.args) == 2
+                        and all(isinstance(a, ast.Constant) for a in call.args)):
+                    for code in codes:
+                        said.setdefault(code, {})[call.args[1].value] = call.lineno
+    return said
+
+
+def test_every_key_the_run_says_is_in_its_rule_file():
+    rules = load_rules()
+    said = _run_said_keys()
+    assert said, "no run finding says a message from its rule file"
+    for code, keys in said.items():
+        for key in keys:
+            assert rules[code].template("xla", key) is not None, (code, key)
+
+
 def test_every_message_in_a_rule_file_is_said():
     """A message no code says is left over (or misspelt: the code says another key)."""
     said = _said_keys()
+    for code, keys in _run_said_keys().items():
+        said.setdefault(code, {}).update(keys)
     said["TPU414"] = {key: 0 for key in _shell_keys()}
     for rule in load_rules().values():  # a call-map rule may word the engine's keys itself
         if rule.extra.get("engine") == "call-map":

@@ -66,6 +66,10 @@ class MigrationContext:
         self.in_import = False
         self.claimed: set[str] = set()  # qualified names some active rule rewrites
         self._memo: dict = {}
+        # statements a rule asked to follow (track) -> what the traversal made of them (a
+        # node, a FlattenSentinel, a RemovalSentinel), for a rule that moves statements
+        # within a block: their results are found in the rewritten block by identity
+        self.left_as: dict[cst.CSTNode, object] = {}
         # The parts' state and methods, bound here (the same objects: no copy, no indirection).
         self.aliases, self.functions = names.aliases, names.functions
         self.qualify, self.resolve, self.reached = names.qualify, names.resolve, names.reached

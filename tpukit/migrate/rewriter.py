@@ -124,6 +124,13 @@ class Rewriter(cst.CSTTransformer):
             sink.rollback(point)
 
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
+        if original in self.ctx.left_as:
+            # a rule that moves statements across a block finds this one's result there
+            self.ctx.left_as[original] = result = self._left(original, updated)
+            return result
+        return self._left(original, updated)
+
+    def _left(self, original: cst.CSTNode, updated: cst.CSTNode):
         if id(original) in self.skip:
             return updated
         # CUDA-only code stays CUDA-only through its own node's leave hooks: a library's

@@ -114,6 +114,22 @@ def sync_findings(steps: list[Step], loops: Loops) -> list[RunFinding]:
     return findings
 
 
+def untrained_findings(probe: Probe, script: str) -> list[RunFinding]:
+    """TPU709: an optimizer whose first step after a backward updated none of its parameters."""
+    rule = load_rules()["TPU709"]
+    findings = []
+    for found in probe.untrained.found:
+        values = {"optimizer": found["optimizer"], "count": found["parameters"],
+                  "step": found["step"], "devices": "/".join(found["devices"])}
+        # parameters off the device: built before the move; on it: not the loss's model
+        message = rule.say("xla", "stale", **values) if found["devices"] != ["xla"] \
+            else rule.say("xla", "same_device", **values)
+        where = (found["path"], found["line"]) if found["path"] else (script, 1)
+        findings.append(finding("TPU709", message.what, where, cause=message.cause,
+                                fix=message.fix, **found))
+    return findings
+
+
 def cost_s(finding: Finding) -> float:
     """The seconds a finding cost the run, where it is known: a recompile's compile time, a
     host read's waiting. (A CPU fallback's own time is not measured: 0.)"""
@@ -132,8 +148,9 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
     dump = probe.graph_dump or probe.graph_capture
     recompiles = recompile_findings(steps, loops, script, probe.fallback_lines, probe.models,
                                     dump.graphs if dump is not None else None)
-    findings = by_cost(recompiles.findings + fallback_findings(probe, steps, loops, script)
-                       + sync_findings(steps, loops))
+    findings = untrained_findings(probe, script) + by_cost(
+        recompiles.findings + fallback_findings(probe, steps, loops, script)
+        + sync_findings(steps, loops))
     fallback_total = sum(n for s in steps for op, n in s.fallbacks.items() if op != SCALAR_READ_OP)
     long_warmup = recompiles.long_warmup_steps
     main = loops.main()

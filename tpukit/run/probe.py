@@ -30,6 +30,7 @@ from tpukit.run.frames import LIBRARY_ROOTS, is_user_file, user_frame  # noqa: F
 from tpukit.run.patches import Patch, all_patches
 from tpukit.run.patches.host_reads import HOST_READS  # noqa: F401
 from tpukit.run.steps import HostRead, Step, StepListener, StopRun, fan_out  # noqa: F401
+from tpukit.run.untrained import UntrainedCheck
 
 MAX_TRACED_STEPS = 8
 
@@ -67,6 +68,7 @@ class Probe:
         self.graph_dump = None  # a graphs.GraphDump with --explain-graphs
         self.graph_capture = None  # a graph_capture.GraphCapture otherwise
         self.activity = Activity()  # what a barrier or read is doing now (activity.py)
+        self.untrained = UntrainedCheck()  # optimizers whose step updates nothing
 
     @property
     def models(self) -> set[str]:

@@ -39,6 +39,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from tpukit.run.untrained import UntrainedCheck
+
 
 PROJECTIONS = 4
 
@@ -111,6 +113,7 @@ class Recorder:
         self._inputs: dict[int, object] = {}  # step -> its first forward's input norm (tensor)
         self._depth = 0
         self._names: dict[int, str] = {}
+        self.untrained = UntrainedCheck()  # optimizers whose step updates nothing
 
     @property
     def step(self) -> int:
@@ -157,6 +160,7 @@ class Recorder:
         return self.locate is not None and self.locate > 0 and self.step == self.locate - 1
 
     def _stepping(self, optimizer) -> None:
+        self.untrained.stepping(optimizer, bool(self.micro), self.step)
         if self.probe_gradients and self.step == 0 and not self._probe:
             self._project(optimizer)
         if self.perturb:  # parameters no model call reached
@@ -461,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
               "backwards": recorder.backwards, "optimizer_steps": recorder.optimizer_steps,
               "loss_line": recorder.loss_line, "device_rng": recorder.device_rng,
               "low_precision": sorted(recorder.low_precision),
-              "devices": sorted(recorder.devices)}
+              "devices": sorted(recorder.devices), "untrained": recorder.untrained.found}
     try:
         recorder.settle()
         result.update(recorder.located())

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpukit.errors import UsageError
+from tpukit.run.untrained import reason
 from tpukit.verify.compare import (SPREAD, amplified_from, calibration, compare_losses,
                                    default_rtol, describe, explained, first_input_difference,
                                    gradient_difference, locate, noise_floor, perturbation,
@@ -271,6 +272,8 @@ def verify(request: VerifyRequest) -> dict:
             comparable_until=comparison.comparable_until,
             not_comparable_why=comparison.not_comparable_why,
             losses={"original": original["losses"], "port": ported["losses"]}, where=None)
+        if _steps_nothing(summary, original, ported):
+            return summary
         step = comparison.first_divergent_step
         fed = first_input_difference(original.get("inputs", []), ported.get("inputs", []))
         if step is not None and fed is not None and fed <= step:
@@ -288,6 +291,21 @@ def verify(request: VerifyRequest) -> dict:
                 where = locate(step, first, second, steps_rtol[step])
             summary["where"] = {**where, "text": describe(where)}
         return summary
+
+
+def _steps_nothing(summary: dict, original: dict, ported: dict) -> bool:
+    """A port whose optimizer updates nothing (untrained.py) has diverged at that step, whatever
+    the losses say so far: a small learning rate keeps an untrained loss within tolerance for
+    steps, and the run would end "successfully" having trained nothing."""
+    stale = [f for f in ported.get("untrained") or () if not any(
+        o["optimizer"] == f["optimizer"] for o in original.get("untrained") or ())]
+    if not stale:
+        return False
+    found = stale[0]
+    where = {"step": found["step"], "kind": "optimizer", "path": found.get("path"),
+             "line": found.get("line"), "text": reason(found)}
+    summary.update(verdict="diverged", first_divergent_step=found["step"], where=where)
+    return True
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -314,7 +332,9 @@ def render_text(summary: dict) -> str:
             d = f"{relative(original[i], port[i]):.2e} (not compared)"
         else:
             d = "not compared"
-        mark = "  <- first beyond tolerance" if i == summary["first_divergent_step"] else ""
+        stale = (summary.get("where") or {}).get("kind") == "optimizer"
+        mark = "" if i != summary["first_divergent_step"] else (
+            "  <- the port's optimizer updated nothing" if stale else "  <- first beyond tolerance")
         tol = summary["step_rtol"][i] if i < len(summary.get("step_rtol", [])) else None
         if tol is not None and tol > summary["rtol"]:
             mark += f"  (tolerance {tol:.1e}: {SPREAD:g}x the noise floor)"
@@ -360,10 +380,13 @@ def findings_of(summary: dict) -> list:
     line = int(line_of.rsplit(":", 1)[1]) if ":" in line_of else 1
     if summary["verdict"] == "diverged":
         where = summary.get("where") or {}
-        message = (f"the port's loss differs from the original's at step "
-                   f"{summary['first_divergent_step']} (relative difference "
-                   f"{summary['rel_diffs'][summary['first_divergent_step']]:.2e} > "
-                   f"{summary['rtol']:g})" + (f": {where['text']}" if where else ""))
+        step = summary["first_divergent_step"]
+        if where.get("kind") == "optimizer":
+            message = f"the port does not train from step {step}: {where['text']}"
+        else:
+            message = (f"the port's loss differs from the original's at step {step} (relative "
+                       f"difference {summary['rel_diffs'][step]:.2e} > {summary['rtol']:g})"
+                       + (f": {where['text']}" if where else ""))
         rule = rules["TPU801"]
     elif summary["verdict"] in ("incomparable", "error"):
         message = summary.get("not_comparable_why") or (

@@ -12,13 +12,69 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tpukit.migrate.context import dotted
+from tpukit.migrate.analysis import catalog as K
+from tpukit.migrate.context import dotted, is_cuda_device_string
+from tpukit.migrate.nodes import children
 from tpukit.migrate.transforms.base import Transform, transform
 from tpukit.migrate.analysis.steps import uses_prepare
 
 
 WRAPPERS = ("DistributedDataParallel", "DataParallel", "DDP", "FullyShardedDataParallel", "compile",
             "deepcopy", "_inputs_to_device")  # the last: TPU402's helper around a DDP
+
+
+_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+def _runs(stmt: cst.CSTNode):
+    """The nodes of `stmt` that run when it runs: not the bodies of functions, classes and
+    lambdas it defines (their names are bound, their code runs later)."""
+    stack = [stmt]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, _SCOPES):
+            stack.append(node.name) if not isinstance(node, cst.Lambda) else None
+            continue
+        stack.extend(reversed(children(node)))
+
+
+def _bound(node: cst.CSTNode) -> list[cst.BaseExpression]:
+    """The targets `node` binds (assignments, loop and `with` targets, walrus, definitions)."""
+    if isinstance(node, cst.Assign):
+        return [t.target for t in node.targets]
+    if isinstance(node, (cst.AnnAssign, cst.AugAssign, cst.NamedExpr)):
+        return [node.target]
+    if isinstance(node, (cst.For, cst.CompFor)):
+        return [node.target]
+    if isinstance(node, cst.AsName):
+        return [node.name]
+    if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+        return [node.name]
+    return []
+
+
+def _targets(expr: cst.BaseExpression) -> set[str]:
+    """The variables a target writes: a name, an attribute chain (`args.lr`), each element
+    of a tuple or list target; a subscript writes into its base."""
+    if isinstance(expr, (cst.Tuple, cst.List)):
+        return {n for e in expr.elements for n in _targets(e.value)}
+    if isinstance(expr, cst.StarredElement):
+        return _targets(expr.value)
+    if isinstance(expr, cst.Subscript):
+        return _targets(expr.value)
+    name = dotted(expr)
+    return {name} if name else set()
+
+
+def _reads(expr: cst.CSTNode) -> set[str]:
+    """Every name and attribute chain `expr` reads (`args.lr` gives `args` and `args.lr`)."""
+    found = set()
+    for node in _runs(expr):
+        name = dotted(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+        if name:
+            found.add(name)
+    return found
 
 
 def _assigned_name(stmt: cst.CSTNode) -> tuple[str, cst.Assign] | None:
@@ -33,14 +89,17 @@ def _assigned_name(stmt: cst.CSTNode) -> tuple[str, cst.Assign] | None:
 @transform("TPU106")
 class OptimizerBeforeDevice(Transform):
 
-    uses = frozenset({"device_facts", "steps"})
+    uses = frozenset({"device_facts", "steps", "values"})
+
     def _optimizer_model(self, stmt: cst.CSTNode) -> tuple[str, cst.Call] | None:
         """`opt = torch.optim.X(model.parameters(), ...)` -> ("model", the call)."""
         found = _assigned_name(stmt)
         if found is None or not isinstance(found[1].value, cst.Call):
             return None
         call = found[1].value
-        name = self.ctx.qualify(call.func) or ""
+        # (by the file's scopes: planned when a block is entered, before the traversal has
+        # seen the imports that follow a module's first line)
+        name = self.ctx.values.qualified(call.func) or self.ctx.qualify(call.func) or ""
         if not name.startswith("torch.optim.") or not call.args:
             return None
         first = call.args[0].value
@@ -72,6 +131,9 @@ class OptimizerBeforeDevice(Transform):
         # Planned on the original block before its statements are visited, applied to the
         # rewritten line: other rules may add lines before it, so positions would not do.
         self.plans: dict[cst.CSTNode, tuple[cst.Call, str]] = {}
+        # (the optimizer's line, the later line that moves its model, the optimizer call,
+        # the model's name): the optimizer line moves after the move, in the block's leave
+        self.later: list[tuple[cst.CSTNode, cst.CSTNode, cst.Call, str]] = []
 
     def _plan(self, body) -> None:
         if uses_prepare(self.ctx):
@@ -94,7 +156,44 @@ class OptimizerBeforeDevice(Transform):
                 if isinstance(value, cst.Call) and not self._wraps_moved(value, body[:i]):
                     self.plans[body[i]] = (call, model)
                 break
+            else:
+                # not built in this block as one assignment (built in the branches of an
+                # `if`, or given as a parameter): the optimizer follows the model's move
+                self._plan_later(body, j, model, call)
 
+    def _device_move(self, node: cst.CSTNode, model: str) -> bool:
+        """`model.cuda(...)`, or `model.to(d)` with `d` a device by dataflow (not a dtype)."""
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                and isinstance(node.func.value, cst.Name) and node.func.value.value == model):
+            return False
+        method = node.func.attr.value
+        if method == "cuda":
+            return True
+        if method != "to" or not node.args:
+            return False
+        target = node.args[0].value
+        return (is_cuda_device_string(target) or K.DEVICE in self.ctx.values.kinds(target)
+                or self.ctx.values.qualified(getattr(target, "func", None)) == "torch.device")
+
+    def _plan_later(self, body, j: int, model: str, call: cst.Call) -> None:
+        """The first later statement of this block that moves `model` to a device, where
+        building the optimizer after it computes the same: nothing between reads the
+        optimizer's variable or writes what its call reads (the model only by the move)."""
+        optimizer = _assigned_name(body[j])[0]
+        reads = _reads(call) - {model}
+        for k in range(j + 1, len(body)):
+            nodes = list(_runs(body[k]))
+            moves = any(self._device_move(n, model) for n in nodes)
+            written = {t for n in nodes for b in _bound(n) for t in _targets(b)}
+            if optimizer in _reads(body[k]) or any(
+                    w == r or r.startswith(w + ".") for w in written for r in reads):
+                return
+            if moves:
+                self.later.append((body[j], body[k], call, model))
+                self.ctx.left_as[body[j]] = self.ctx.left_as[body[k]] = None
+                return
+            if model in written:
+                return  # rebound before it moves: another object
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
         self._plan(node.body)
 
@@ -117,12 +216,49 @@ class OptimizerBeforeDevice(Transform):
         return new_body if changed else None
 
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock):
-        body = self._apply_in(original.body, updated.body)
+        applied = self._apply_in(original.body, updated.body)
+        body = self._reorder(original.body, applied if applied is not None else updated.body)
+        body = body if body is not None else applied
         return None if body is None else updated.with_changes(body=body)
 
     def leave_Module(self, original: cst.Module, updated: cst.Module):
-        body = self._apply_in(original.body, updated.body)
+        applied = self._apply_in(original.body, updated.body)
+        body = self._reorder(original.body, applied if applied is not None else updated.body)
+        body = body if body is not None else applied
         return None if body is None else updated.with_changes(body=body)
+
+    def _reorder(self, original_body, body) -> list | None:
+        """The optimizer lines planned to follow their model's move, moved there (found in
+        the rewritten block by what the traversal made of them, ctx.left_as)."""
+        plans = [p for p in self.later if any(p[0] is s for s in original_body)]
+        changed, body = False, list(body)
+        for plan in plans:
+            self.later.remove(plan)
+            opt_line, move_line, call, model = plan
+            built, moved = (_nodes(self.ctx.left_as.pop(n, None)) for n in (opt_line, move_line))
+            current = body
+
+            def build(built=built, moved=moved):
+                start = next(k for k, s in enumerate(current) if s is built[0])
+                rest = [s for s in current if not any(s is b for b in built)]
+                # the blank lines and comments above stay where they were: the statement
+                # that now comes first there takes the optimizer's, and gives its own
+                follower = rest[start]
+                built = [built[0].with_changes(leading_lines=follower.leading_lines), *built[1:]]
+                rest[start] = follower.with_changes(leading_lines=current[start].leading_lines)
+                at = start if moved[-1] is follower else next(
+                    k for k, s in enumerate(rest) if s is moved[-1])
+                return rest[:at + 1] + built + rest[at + 1:]
+
+            if not built or not moved or not _all_in(built + moved, current):
+                continue
+            if any(opt_line is s for s in self.ctx.module.body):
+                self.ctx.sink.current_top = opt_line  # (found at the optimizer's own line)
+            new = self.fix_or_report(call, self.say("optimizer_later", call=self.ctx.short(call),
+                                                    model=model), build)
+            if new is not None:
+                body, changed = new, True
+        return body if changed else None
 
     def _move(self, original, updated):
         planned = self.plans.pop(original, None)
@@ -138,3 +274,14 @@ class OptimizerBeforeDevice(Transform):
 
         return self.fix_or_report(
             call, self.say("optimizer", call=self.ctx.short(call), model=model), build)
+
+
+def _nodes(result) -> list:
+    """The statements a traversal result stands for in its block (none when removed)."""
+    if result is None or isinstance(result, cst.RemovalSentinel):
+        return []
+    return list(result.nodes) if isinstance(result, cst.FlattenSentinel) else [result]
+
+
+def _all_in(nodes: list, body: list) -> bool:
+    return all(any(n is s for s in body) for n in nodes)

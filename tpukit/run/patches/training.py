@@ -27,7 +27,8 @@ class OptimizerPatch(Patch):
 
     def install(self, probe) -> None:
         import torch
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                           register_optimizer_step_pre_hook)
 
         original = torch.optim.Optimizer.__init__
 
@@ -37,5 +38,9 @@ class OptimizerPatch(Patch):
             return original(*args, **kwargs)
 
         self.replace(torch.optim.Optimizer, "__init__", init)
+        # an optimizer whose first step after a backward updates nothing (untrained.py)
+        self.hook(register_optimizer_step_pre_hook(
+            lambda optimizer, args, kwargs: probe.untrained.stepping(
+                optimizer, probe.backward_ran, probe.current.index)))
         self.hook(register_optimizer_step_post_hook(
             lambda optimizer, args, kwargs: probe.optimizer_stepped()))
