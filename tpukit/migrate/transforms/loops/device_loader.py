@@ -10,7 +10,10 @@ import libcst as cst
 
 from tpukit.findings import FixKind, Severity
 from tpukit.migrate.analysis import catalog as K
-from tpukit.migrate.analysis.steps import DATALOADERS, is_device_loader, loader_in_iter
+from tpukit.migrate.analysis.bindings import Assigned, Iterated
+from tpukit.migrate.analysis.steps import (DATALOADERS, ITER_WRAPPERS, is_device_loader, is_loader,
+                                           loader_in_iter)
+from tpukit.migrate.context import dotted
 from tpukit.migrate.context import find_keyword
 from tpukit.migrate.guards import scope_moves_to_cuda
 from tpukit.migrate.nodes import scan
@@ -56,11 +59,68 @@ class DeviceLoader(Transform):
         # a loop over a loader holds the loader's name, whatever the rule's own words
         return super().statement_triggers(source) | self.ctx.values.names_of({K.LOADER})
 
+    def _wrapper_chain(self, expr) -> tuple[cst.BaseExpression, int] | None:
+        """`tqdm(enumerate(loader))` -> (loader, 2): a host loader inside wrappers."""
+        depth = 0
+        while isinstance(expr, cst.Call) and dotted(expr.func) in ITER_WRAPPERS and expr.args:
+            expr, depth = expr.args[0].value, depth + 1
+        if depth and is_loader(self.ctx, expr) and not is_device_loader(expr) and not (
+                self.ctx.values.kinds(expr) & {K.PREPARED, K.DEVICE_LOADER}):
+            return expr, depth
+        return None
+
+    def _held_wrappers(self) -> dict[int, tuple[cst.BaseExpression, int]]:
+        """id() of the wrapper calls (`pbar = tqdm(loader)`) whose variable a loop iterates:
+        the loader goes inside the wrapper, which the loop body may still use
+        (`pbar.set_description(...)`); wrapping the variable would drain and close it first."""
+        def compute():
+            values, found = self.ctx.values, {}
+            for scope in (values.module_scope, *values.scopes.values()):
+                for bindings in scope.names.values():
+                    for binding in bindings:
+                        if not isinstance(binding, Iterated):
+                            continue
+                        expr = binding.iterable
+                        while isinstance(expr, cst.Call) and dotted(expr.func) in ITER_WRAPPERS \
+                                and expr.args:
+                            expr = expr.args[0].value
+                        held = values.bindings(expr) if isinstance(expr, cst.Name) else []
+                        for bound in held:
+                            chain = isinstance(bound, Assigned) and not bound.path and \
+                                self._wrapper_chain(bound.value)
+                            if chain:
+                                found[id(bound.value)] = chain
+            return found
+
+        if self.ctx.library_code:
+            return {}
+        return self.ctx.memo("TPU301.held_wrappers", compute)
+
+    def _iterates_held(self, loader: cst.BaseExpression) -> bool:
+        """Does the loop iterate a variable holding a wrapper of a loader that is (or will
+        be, leave_Call) a device loader inside it?"""
+        held = self.ctx.values.bindings(loader) if isinstance(loader, cst.Name) else []
+        wrappers = self._held_wrappers()
+
+        def device_fed(value) -> bool:
+            if id(value) in wrappers:
+                return True
+            depth = 0
+            while isinstance(value, cst.Call) and dotted(value.func) in ITER_WRAPPERS \
+                    and value.args:
+                value, depth = value.args[0].value, depth + 1
+            return depth > 0 and is_device_loader(value)
+
+        return bool(held) and all(isinstance(b, Assigned) and not b.path
+                                  and device_fed(b.value) for b in held)
+
     def leave_For(self, original: cst.For, updated: cst.For):
         found = loader_in_iter(self.ctx, original)
         if found is None:
             return None
         loader, path = found
+        if self._iterates_held(loader):
+            return None  # the loader inside its wrapper's call is wrapped (leave_Call)
         if is_device_loader(loader) or self.ctx.values.kinds(loader) & {K.PREPARED, K.DEVICE_LOADER}:
             return None  # its batches are on the device already
         if _yields(original.body):
@@ -98,6 +158,23 @@ class DeviceLoader(Transform):
                                   build)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
+        held = self._held_wrappers().get(id(original))
+        if held is not None:
+            loader, depth = held
+            device = self.ctx.device_expr()
+
+            def build():
+                inner = updated
+                for _ in range(depth - 1):
+                    inner = inner.args[0].value
+                wrapped = cst.Call(func=self.ctx.expr("pl.MpDeviceLoader"), args=[
+                    cst.Arg(inner.args[0].value,
+                            comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                    cst.Arg(device)])
+                return _replace_innermost(updated, depth, wrapped)
+
+            return self.fix_or_report(loader, self.say("loader", code=self.ctx.short(loader)),
+                                      build)
         name = self.ctx.qualify(original.func)
         if name in DATALOADERS:
             pin = find_keyword(original, "pin_memory")
