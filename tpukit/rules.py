@@ -32,7 +32,10 @@ class RuleError(Exception):
 # (`remvoe = ...`) is an error at its line instead of a mapping that silently does nothing.
 ENGINE_KINDS = ("call-map", "cuda-only-import") + NON_CODE_ENGINES
 _TOP_KEYS = frozenset(_REQUIRED) | {"engine", "message", "triggers", "statement_triggers", "targets",
-                                    "examples", "needs"}
+                                    "examples", "needs", "runs_as_written"}
+# `runs_as_written = true`: the CUDA code this rule changes runs on a TPU host as written (the
+# port is for reproducibility or speed), measured there: `tpukit run` does not count it among
+# the idioms that fail on a TPU (TPU704).
 _ENGINE_KEYS = {"runner": {"fixes"}, "cuda-only-import": {"modules"}}
 # A target table (`[targets.xla]`): the keys the transforms read.
 _TARGET_KEYS = frozenset({
