@@ -334,7 +334,10 @@ def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda
         from tpukit.shim.report import findings as shim_findings
 
         layer = shim_findings(shim.records(), request.ported)
-    kept, suppressed = split_files(cuda + layer + analysis.findings + advice["findings"])
+    from tpukit.run.crash import crash_findings
+
+    crash = crash_findings(getattr(outcome, "exception", None))
+    kept, suppressed = split_files(cuda + layer + crash + analysis.findings + advice["findings"])
     kept_ids = {id(f) for f in kept}
     analysis.findings = [f for f in analysis.findings if id(f) in kept_ids]
     failed = analysis.failures(request.fail_on)

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _OUR_FILES = (str(Path(runpy.__file__).resolve()), str(Path(__file__).resolve().parents[1]) + "/")
@@ -20,6 +20,8 @@ class Outcome:
     exit_code: int
     kind: str  # "ok" | "exit" | "error" | "interrupted" | "terminated" | "max-steps"
     error: str = ""  # the exception's last line, for the report
+    # the script's own exception (kind "error"), for the findings that explain it (crash.py)
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
 
 
 class Terminated(KeyboardInterrupt):
@@ -108,6 +110,6 @@ def run_target(script: str | None, module: str | None, args: list[str], stop_typ
     except BaseException as exc:  # the script's own failure: print it as python would
         print_script_traceback(exc)
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        return Outcome(1, "error", last)
+        return Outcome(1, "error", last, exc)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
