@@ -1,5 +1,7 @@
-"""A run that dies of an op with no XLA kernel (a sparse tensor) is said at the user's line
-that called it, with the op and the backend (TPU507), not only as a traceback."""
+"""How a run that cannot go on ends: an op with no XLA kernel (a sparse tensor) is said at the
+user's line that called it, with the op and the backend (TPU507); a step that compiles a new
+graph per iteration is stopped before XLA:CPU runs out of memory mappings, and said at the
+line that compiled the most (TPU710)."""
 
 from __future__ import annotations
 
@@ -40,3 +42,43 @@ def test_an_error_of_the_script_itself_is_no_kernel_finding(tmp_path, run_cli):
     proc = run_cli("run", "--format", "json", script, env={"PJRT_DEVICE": "CPU"})
     report = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert not [f for f in report["findings"] if f["code"] == "TPU507"]
+
+
+STORM = """\
+import torch
+import torch_xla
+
+x = torch.ones(3, device=torch_xla.device())
+t = torch.zeros((), device=torch_xla.device())
+while t < 1000:
+    t = t + x.sum()
+"""
+
+
+@pytest.mark.xla
+def test_a_compile_storm_is_stopped_and_said_at_its_loop(tmp_path, run_cli):
+    # each `t < 1000` reads a graph one op longer than the last: a new graph per iteration
+    script = tmp_path / "solve.py"
+    script.write_text(STORM)
+    out = tmp_path / "run.json"
+    proc = run_cli("run", "--json", out, "--storm-graphs", "12", script,
+                   env={"PJRT_DEVICE": "CPU"})
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(out.read_text())
+    assert (report["summary"]["outcome"], report["summary"]["exit_code"]) == ("compile-storm", 1)
+    (storm,) = [f for f in report["findings"] if f["code"] == "TPU710"]
+    assert storm["line"] == 6 and storm["extra"]["graphs"] == 12
+    assert storm["extra"]["call"] == "host read" and storm["extra"]["at_line"] == 12
+    assert "fixed trip count" in storm["explanation"]["fix"]
+
+
+@pytest.mark.xla
+def test_storm_graphs_0_lets_the_loop_go_on(tmp_path, run_cli):
+    script = tmp_path / "solve.py"
+    script.write_text(STORM.replace("1000", "20"))
+    proc = run_cli("run", "--format", "json", "--storm-graphs", "0", script,
+                   env={"PJRT_DEVICE": "CPU"})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert report["summary"]["outcome"] == "ok"
+    assert not [f for f in report["findings"] if f["code"] == "TPU710"]

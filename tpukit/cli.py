@@ -13,6 +13,7 @@ from tpukit import __version__
 from tpukit.config import DEFAULT_EAGER_MODE, EAGER_MODES, ConfigError, load_config
 from tpukit.render import Format
 from tpukit.rules import TARGETS, RuleError, load_rules, unknown_prefixes
+from tpukit.run.steps import STORM_GRAPHS
 
 app = typer.Typer(
     help="Port PyTorch CUDA training code to TPUs and explain why it is slow there.",
@@ -246,6 +247,9 @@ def run(
     module: Optional[str] = typer.Option(None, "-m", help="Run a module, like `python -m`."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1,
                                             help="End the script cleanly after N steps."),
+    storm_graphs: int = typer.Option(
+        STORM_GRAPHS, "--storm-graphs", min=0,
+        help="Stop the script when one step compiles this many new graphs (0: never)."),
     warmup: int = typer.Option(2, "--warmup", min=0,
                                help="Steps left out of steady-state figures and recompile findings."),
     fmt: Format = typer.Option(Format.TEXT, "--format", help="Report format."),
@@ -325,7 +329,7 @@ def run(
     except ValueError as exc:
         fail(str(exc))
     request = RunRequest(script=script, module=module, args=args, max_steps=max_steps,
-                         warmup=warmup, fmt=fmt, json_path=json_path, output=output,
+                         storm_graphs=storm_graphs, warmup=warmup, fmt=fmt, json_path=json_path, output=output,
                          fail_on=kinds, check_cuda=not no_cuda_check, profile=profile,
                          logdir=logdir, profile_steps=steps, tpu_generation=tpu_generation,
                          bucket_budget=bucket_budget, html=html, target=run_target,

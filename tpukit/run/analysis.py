@@ -130,6 +130,24 @@ def untrained_findings(probe: Probe, script: str) -> list[RunFinding]:
     return findings
 
 
+def storm_findings(probe: Probe, script: str) -> list[RunFinding]:
+    """TPU710: the run stopped because one step compiled too many new graphs."""
+    storm = probe.storm
+    if storm is None:
+        return []
+    near = storm["mappings"]
+    why = (f"the process holds {near['mappings']:,} memory mappings of the kernel's "
+           f"{near['limit']:,}, where XLA:CPU dies" if near else
+           f"{storm['limit']} new graphs in one step is --storm-graphs")
+    message = load_rules()["TPU710"].say("xla", "storm", step=storm["step"],
+                                         graphs=storm["graphs"], at_line=storm["at_line"],
+                                         call=storm["call"], why=why)
+    where = (storm["path"], storm["line"]) if storm["path"] else (script, 1)
+    return [finding("TPU710", message.what, where, cause=message.cause, fix=message.fix,
+                    fails_on="recompile", **{k: v for k, v in storm.items()
+                                             if k not in ("path", "line")})]
+
+
 def cost_s(finding: Finding) -> float:
     """The seconds a finding cost the run, where it is known: a recompile's compile time, a
     host read's waiting. (A CPU fallback's own time is not measured: 0.)"""
@@ -148,7 +166,7 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
     dump = probe.graph_dump or probe.graph_capture
     recompiles = recompile_findings(steps, loops, script, probe.fallback_lines, probe.models,
                                     dump.graphs if dump is not None else None)
-    findings = untrained_findings(probe, script) + by_cost(
+    findings = storm_findings(probe, script) + untrained_findings(probe, script) + by_cost(
         recompiles.findings + fallback_findings(probe, steps, loops, script)
         + sync_findings(steps, loops))
     fallback_total = sum(n for s in steps for op, n in s.fallbacks.items() if op != SCALAR_READ_OP)

@@ -23,9 +23,10 @@ from tpukit.findings import Explanation, Finding, FixKind, Location, said
 from tpukit.suppress import split_files
 from tpukit.render import Format, Report, render
 from tpukit.render.run_summary import print_profile, print_summary, summary_line
+from tpukit.run.steps import STORM_GRAPHS
 
 # Outcomes whose exit code is the run's: the script's own, or the signal's (130, 143).
-STOPPED = ("error", "exit", "interrupted", "terminated")
+STOPPED = ("error", "exit", "interrupted", "terminated", "compile-storm")
 
 
 @dataclass
@@ -35,6 +36,7 @@ class RunRequest:
     module: str | None = None
     args: list[str] = field(default_factory=list)
     max_steps: int | None = None
+    storm_graphs: int = STORM_GRAPHS  # new graphs in one step that stop the run (0: never)
     warmup: int = 2
     fmt: Format = Format.TEXT
     json_path: Path | None = None
@@ -230,7 +232,7 @@ def run_command(request: RunRequest) -> int:
             request, probe, display, Outcome(0, "running"), time.perf_counter() - start, cuda,
             partial=True, shim=shim))
     shim = _install_shim(request) if request.shim else None
-    probe = Probe(log, request.max_steps, fan_out(profiler, live))
+    probe = Probe(log, request.max_steps, fan_out(profiler, live), request.storm_graphs)
     probe.graph_dump = dump
     if dump is None and log is not None and request.graph_diffs:
         from tpukit.run.graph_capture import GraphCapture

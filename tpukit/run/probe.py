@@ -29,7 +29,8 @@ from tpukit.run.debuglog import DebugLog
 from tpukit.run.frames import LIBRARY_ROOTS, is_user_file, user_frame  # noqa: F401
 from tpukit.run.patches import Patch, all_patches
 from tpukit.run.patches.host_reads import HOST_READS  # noqa: F401
-from tpukit.run.steps import HostRead, Step, StepListener, StopRun, fan_out  # noqa: F401
+from tpukit.run.steps import (STORM_GRAPHS, CompileStorm, HostRead, Step,  # noqa: F401
+                              StepListener, StopRun, fan_out)
 from tpukit.run.untrained import UntrainedCheck
 
 MAX_TRACED_STEPS = 8
@@ -40,7 +41,7 @@ class Probe:
     closes the current step with its counter deltas and graphs, or lets it go on."""
 
     def __init__(self, debug_log: DebugLog | None, max_steps: int | None = None,
-                 listener: StepListener | None = None) -> None:
+                 listener: StepListener | None = None, storm_graphs: int = STORM_GRAPHS) -> None:
         self.log = debug_log
         self.max_steps = max_steps
         self.listener = listener
@@ -69,6 +70,10 @@ class Probe:
         self.graph_capture = None  # a graph_capture.GraphCapture otherwise
         self.activity = Activity()  # what a barrier or read is doing now (activity.py)
         self.untrained = UntrainedCheck()  # optimizers whose step updates nothing
+        self.storm_graphs = storm_graphs  # 0: never stopped for compiling
+        # (call, path, line) -> compiles there in the current step; what stopped the run
+        self.compiling: dict[tuple[str, str, int], int] = {}
+        self.storm: dict | None = None
 
     @property
     def models(self) -> set[str]:
@@ -100,6 +105,21 @@ class Probe:
         self._patches.clear()
 
     # -- steps ----------------------------------------------------------------------------
+    def compiled(self, call: str, where: tuple[str, int] | None) -> None:
+        """A barrier or host read at `where` compiled a graph: a storm stops the run here."""
+        key = (call, *(where or ("", 0)))
+        self.compiling[key] = self.compiling.get(key, 0) + 1
+        graphs = sum(self.compiling.values())
+        near_limit = self.activity.mappings
+        if self.storm is not None or not self.storm_graphs or (
+                graphs < self.storm_graphs and near_limit is None):
+            return
+        (call, path, line), at = max(self.compiling.items(), key=lambda kv: kv[1])
+        self.storm = {"step": self.current.index, "graphs": graphs, "call": call, "path": path,
+                      "line": line, "at_line": at, "limit": self.storm_graphs,
+                      "mappings": near_limit}
+        raise CompileStorm()
+
     def optimizer_stepped(self) -> None:
         self._stepped = True
         self.current.optimizer_steps += 1
@@ -149,6 +169,7 @@ class Probe:
             step.kind = "eval"
         self.backward_ran = self._stepped = False
         self.steps.append(step)
+        self.compiling = {}
         self._disarm_tracer()
         if self.listener is not None:
             self.listener.step_ended(step.index, final)

@@ -105,8 +105,8 @@ def run_target(script: str | None, module: str | None, args: list[str], stop_typ
         return Outcome(143, "terminated", "SIGTERM")  # 128 + 15, as a shell says it
     except KeyboardInterrupt:
         return Outcome(130, "interrupted", "KeyboardInterrupt")
-    except stop_types:
-        return Outcome(0, "max-steps")
+    except stop_types as exc:  # tpukit's own stop: --max-steps, or a compile storm
+        return Outcome(getattr(exc, "exit_code", 0), getattr(exc, "outcome", "max-steps"))
     except BaseException as exc:  # the script's own failure: print it as python would
         print_script_traceback(exc)
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()

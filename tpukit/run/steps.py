@@ -9,9 +9,27 @@ from tpukit.run.debuglog import GraphEvent
 from tpukit.run.shapes import Shape
 
 
+# New graphs one step may compile before the run is stopped as a compile storm: a training
+# step compiles a handful (forward and backward, the optimizer, a read or two); an adaptive
+# loop with a host read per iteration compiled ~1,150 before its first step, until XLA:CPU
+# ran out of memory mappings and died (torchdiffeq's ode_demo).
+STORM_GRAPHS = 300
+
+
 class StopRun(BaseException):
     """Raised at a step boundary to end the script after --max-steps (not an Exception, so
     the script's own `except Exception:` does not swallow it)."""
+
+    outcome, exit_code = "max-steps", 0
+
+
+class CompileStorm(StopRun):
+    """Raised after a compile when one step has compiled more new graphs than any training
+    step needs (Probe.storm_graphs), or when the process nears the kernel's limit on memory
+    mappings (which XLA:CPU reaches after ~1,300 graphs, and then dies in LLVM): the run stops
+    while it can still say why."""
+
+    outcome, exit_code = "compile-storm", 1
 
 
 @dataclass

@@ -37,7 +37,7 @@ class SyncPatch(Patch):
             graphs = probe.graph_capture
             if graphs is not None:  # the graph this barrier runs, if new (graph_capture.py)
                 capture = graphs.before_sync(sys._getframe(1), where)
-                compiled = probe.counters.compile_ns()
+            compiled = probe.counters.compile_ns()
             probe.activity.begin("graph barrier", where,
                                  graphs.new_graph if graphs is not None and capture else None)
             try:
@@ -45,9 +45,12 @@ class SyncPatch(Patch):
             finally:
                 probe.activity.end()
                 in_boundary = False
+            spent = probe.counters.compile_ns() != compiled
             if graphs is not None:
-                graphs.after(capture, probe.counters.compile_ns() != compiled)
+                graphs.after(capture, spent)
             probe.optimizer_pending = False
+            if spent:
+                probe.compiled("graph barrier", where)  # (a storm stops the run here)
             probe.close_step(probe.boundary_label or "torch_xla.sync", where)
             return result
 

@@ -59,6 +59,8 @@ def _wrap_read(probe, reading: list, method: str, original: Callable) -> Callabl
                 nbytes = tensor.element_size() * (1 if method in SCALAR_READS
                                                   else tensor.numel())
                 probe.current.reads.append(HostRead(method, where[0], where[1], nbytes, waited))
+            if spent:
+                probe.compiled("host read", where)  # (a storm stops the run here)
 
     return read
 
