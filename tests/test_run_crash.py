@@ -82,3 +82,32 @@ def test_storm_graphs_0_lets_the_loop_go_on(tmp_path, run_cli):
     report = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert report["summary"]["outcome"] == "ok"
     assert not [f for f in report["findings"] if f["code"] == "TPU710"]
+
+
+DIES = """\
+import os
+import signal
+import torch
+import torch_xla
+
+x = torch.ones(2, device=torch_xla.device())
+for step in range(3):
+    x = x * 2
+    torch_xla.sync()
+os.kill(os.getpid(), signal.SIGSEGV)
+"""
+
+
+@pytest.mark.xla
+def test_a_run_that_dies_of_a_signal_leaves_a_report_that_says_so(tmp_path, run_cli):
+    script = tmp_path / "train.py"
+    script.write_text(DIES)
+    out = tmp_path / "run.json"
+    proc = run_cli("run", "--json", out, script, env={"PJRT_DEVICE": "CPU"})
+    assert proc.returncode == 139, proc.stderr  # as a shell says it: 128 + SIGSEGV
+    assert "died of SIGSEGV" in proc.stderr
+    summary = json.loads(out.read_text())["summary"]
+    assert (summary["outcome"], summary["signal"], summary["exit_code"]) == ("died", "SIGSEGV", 139)
+    assert summary["partial"] and summary["steps"] >= 1
+    shown = run_cli("report", out)
+    assert "died of SIGSEGV" in shown.stdout + shown.stderr

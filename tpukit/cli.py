@@ -335,6 +335,9 @@ def run(
                          bucket_budget=bucket_budget, html=html, target=run_target,
                          eager_mode=eager_mode, explain_graphs=explain_graphs,
                          graph_diffs=not no_graph_diffs, shim=not no_shim)
+    from tpukit.run.watch import fork_watched
+
+    fork_watched(json_path)  # the parent waits, and says so if the run dies of a signal
     try:
         code = run_command(request)
     except UsageError as exc:

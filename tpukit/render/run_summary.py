@@ -37,7 +37,8 @@ def print_profile(profile: dict, stream) -> None:
 
 def summary_line(summary: dict) -> str:
     if summary.get("partial"):
-        return (f"run (partial: the run did not finish): {summary['steps']} step(s) recorded, "
+        ended = f"died of {summary['signal']}" if summary.get("signal") else "did not finish"
+        return (f"run (partial: the run {ended}): {summary['steps']} step(s) recorded, "
                 f"{summary['distinct_graphs']} graph(s) compiled in {summary['compile_s']:.2f} s, "
                 f"{summary['recompiles_after_warmup']} after warm-up; {summary['fallbacks']} CPU "
                 f"fallback(s); {summary['host_syncs']} host read(s)")
@@ -91,6 +92,8 @@ def print_summary(summary: dict, stream) -> None:
     table.add_column("value")
     median = summary["step_time_median_s"]
     outcome = (f"{summary['outcome']} (exit {summary['exit_code']})" if not summary.get("partial")
+               else f"died of {summary['signal']} (exit {summary['exit_code']}): this report was "
+               "written while the script ran" if summary.get("signal")
                else "did not finish: this report was written while the script ran (killed?)")
     rows = [
         ("outcome", outcome),

@@ -52,7 +52,7 @@ def _replace_innermost(expr, depth: int, replacement):
 @transform("TPU301")
 class DeviceLoader(Transform):
     """A DataLoader that a loop iterates is wrapped in MpDeviceLoader; pin_memory dropped."""
-    uses = frozenset({"device_facts", "steps", "values"})
+    uses = frozenset({"bindings", "device_facts", "steps", "values"})
 
 
     def statement_triggers(self, source: str) -> set[str]:
