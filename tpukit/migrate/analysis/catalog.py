@@ -38,6 +38,7 @@ DTYPE = "dtype"
 STRING = "string"
 NUMBER = "number"
 CONTAINER = "container"  # a dict, list or tuple made in the file
+NUMBERS = "numbers"  # a list, tuple or range of numbers (device_ids: CUDA device indices)
 GENERATOR = "generator"  # what one of the file's generator functions gives
 SCALE = "scale"  # multiplies or divides something (a batch size by a GPU count)
 STRING_USE = "string_use"  # compared as a string, a str method called on it (a use)
@@ -147,6 +148,10 @@ SAME_KIND_METHODS = frozenset({"to", "cuda", "cpu", "half", "float", "double", "
 SAME_KIND_CALLS = frozenset({"torch.compile", "torch.jit.script"})
 # Keywords that take CUDA device indices: `DDP(m, device_ids=[rank], output_device=rank)`.
 DEVICE_INDEX_KEYWORDS = frozenset({"device_ids", "output_device"})
+# Where a call takes its CUDA device indices by position (`DataParallel(net, gpu_ids)`).
+DEVICE_IDS_POSITION = {"torch.nn.DataParallel": 1, "torch.nn.parallel.DataParallel": 1,
+                       "torch.nn.parallel.data_parallel.DataParallel": 1,
+                       "torch.nn.parallel.DistributedDataParallel": 1}
 # Iterating these gives what iterating their first argument gives (enumerate's index aside).
 ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "iter",
                            "tqdm.notebook.tqdm", "zip"})
@@ -197,7 +202,8 @@ METHOD_SAYS = {k: v for k, v in METHOD_SAYS.items() if v is not None}
 ATTRIBUTE_SAYS = {"param_groups": OPTIMIZER}
 # A kind a use says is not taken where the value's sources say one of these.
 EXCLUSIVE = {DEVICE: frozenset({DTYPE, TENSOR, MODULE, NUMBER, RANK, WORLD}), LOADER: frozenset({SAMPLER}), MODULE: frozenset({OPTIMIZER, LOADER}),
-             OPTIMIZER: frozenset({MODULE, SCHEDULER, SCALER})}
+             OPTIMIZER: frozenset({MODULE, SCHEDULER, SCALER}),
+             NUMBERS: frozenset({DEVICE, TENSOR, MODULE, LOADER, OPTIMIZER, STRING, BATCH})}
 # accelerate's Accelerator methods that give back what they are given, prepared.
 PREPARES = frozenset({"prepare", "prepare_data_loader", "prepare_model", "prepare_optimizer",
                       "prepare_scheduler"})

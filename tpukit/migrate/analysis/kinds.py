@@ -87,8 +87,15 @@ class ValueKinds:
             found = frozenset({K.CONTAINER})
             for element in expr.elements:
                 found |= self.kinds(element.value) & {K.TENSOR, K.BATCH}
+            if expr.elements and all(not isinstance(e, cst.StarredElement) and K.NUMBER in
+                                     self.kinds(e.value) for e in expr.elements):
+                found |= {K.NUMBERS}  # `[0, 1]`
             return found
-        if isinstance(expr, (cst.Dict, cst.DictComp, cst.ListComp)):
+        if isinstance(expr, cst.ListComp):
+            # `[int(s) for s in ids.split(",")]`
+            return frozenset({K.CONTAINER}) | (
+                {K.NUMBERS} if K.NUMBER in self.kinds(expr.elt) else NOTHING)
+        if isinstance(expr, (cst.Dict, cst.DictComp)):
             return frozenset({K.CONTAINER})
         if isinstance(expr, cst.BinaryOperation):
             left, right = self.kinds(expr.left), self.kinds(expr.right)
@@ -246,6 +253,9 @@ class ValueKinds:
                         uses.append((given, K.BACKEND))
                 if qualified in K.DEVICE_CALLS and first is not None:
                     uses.append((first, K.DEVICE))
+                ids = self._device_ids_given(call, qualified)
+                if ids is not None and not isinstance(ids, (cst.List, cst.Tuple)):
+                    uses.append((ids, K.NUMBERS))  # `DataParallel(net, gpu_ids)`
                 if qualified in K.AUTOCAST_CALLS or (
                         qualified in K.BINDERS and first is not None
                         and self.qualified(first) in K.AUTOCAST_CALLS):
@@ -408,6 +418,11 @@ class ValueKinds:
             if func.value in ("int", "float") and call.args and not self.bindings(func):
                 return self.kinds(call.args[0].value) & {K.RANK, K.WORLD, K.GPU_COUNT} or \
                     frozenset({K.NUMBER})
+            if func.value in ("list", "tuple", "sorted") and not self.bindings(func) \
+                    and call.args and self._gives_numbers(call.args[0].value):
+                return frozenset({K.CONTAINER, K.NUMBERS})  # list(range(n)), list(map(int, s))
+            if func.value == "range" and not self.bindings(func):
+                return frozenset({K.NUMBERS})
             if func.value in ("dict", "list", "tuple") and not self.bindings(func):
                 return frozenset({K.CONTAINER})
             if func.value == "str" and call.args and not self.bindings(func):
@@ -466,7 +481,34 @@ class ValueKinds:
         base = self.kinds(expr.value)
         if K.BATCH in base or K.TENSOR in base:
             return frozenset({K.TENSOR})
+        if (K.NUMBERS in base or K.NUMBER in base) and len(expr.slice) == 1:
+            # `gpu_ids[0]`: an element of numbers (an option `type=int, nargs="+"` holds a
+            # list of numbers); `ids[1:]`: numbers
+            if isinstance(expr.slice[0].slice, cst.Index):
+                return frozenset({K.NUMBER})
+            return frozenset({K.CONTAINER, K.NUMBERS})
         return NOTHING
+
+    @staticmethod
+    def _device_ids_given(call: cst.Call, qualified: str) -> cst.BaseExpression | None:
+        """What a DataParallel/DDP call is given as its CUDA device indices."""
+        given = next((a.value for a in call.args if a.keyword is not None
+                      and a.keyword.value == "device_ids"), None)
+        position = K.DEVICE_IDS_POSITION.get(qualified)
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        if given is None and position is not None and len(positional) > position:
+            given = positional[position].value
+        return given
+
+    def _gives_numbers(self, expr: cst.BaseExpression) -> bool:
+        """Does `expr` give numbers when iterated: numbers, or `map(int, ...)`?"""
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) \
+                and expr.func.value == "map" and not self.bindings(expr.func) and expr.args \
+                and isinstance(expr.args[0].value, cst.Name) \
+                and expr.args[0].value.value in ("int", "float") \
+                and not self.bindings(expr.args[0].value):
+            return True
+        return K.NUMBERS in self.kinds(expr)
 
     def _called(self, defined: Defined) -> frozenset[str]:
         node = defined.node

@@ -29,6 +29,10 @@ def _texts_around_a_device(parts) -> bool:
 @transform("TPU101")
 class CudaDevice(Transform):
     uses = frozenset({"bindings", "device_facts", "values"})
+
+    def statement_triggers(self, source: str) -> set[str]:
+        """`.to(` and `device(`: a number given as a device (`.to(gpu_ids[0])`) names CUDA."""
+        return super().statement_triggers(source) | {".to(", "device("}
     # read by device_facts.DeviceFacts: the device every rule writes
     table_keys = frozenset({"at_import", "device_type", "imports", "move_to"})
 
@@ -64,6 +68,8 @@ class CudaDevice(Transform):
         if self.ctx.qualify(node.func) != "torch.device" or not node.args:
             return None
         first = node.args[0].value
+        if len(node.args) == 1 and node.args[0].keyword is None and self._device_index(first):
+            return self._to_xla_device(node)  # torch.device(0): CUDA's device 0
         whole = is_cuda_device_string(first) or (
             isinstance(first, cst.IfExp)
             and is_availability_test(self.ctx, first.test)
@@ -180,6 +186,16 @@ class CudaDevice(Transform):
         )
         for i, (old, new) in enumerate(zip(original.args, updated.args)):
             keyword = old.keyword.value if old.keyword else None
+            if is_to and (keyword == "device" or (i == 0 and keyword is None)) \
+                    and self._device_index(old.value):
+                # `net.to(gpu_ids[0])`: torch reads a number given as a device as CUDA's index
+                replacement = self.fix_or_report(old.value, self.say(
+                    "index", code=ctx.short(original), index=ctx.short(old.value)),
+                    ctx.device_expr)
+                if replacement is not None:
+                    args[i] = new.with_changes(value=replacement)
+                    changed = True
+                continue
             if not is_cuda_device_string(old.value):
                 continue
             replacement = None
@@ -192,6 +208,13 @@ class CudaDevice(Transform):
                 args[i] = new.with_changes(value=replacement)
                 changed = True
         return updated.with_changes(args=args) if changed else None
+
+    def _device_index(self, value: cst.BaseExpression) -> bool:
+        """A number (an int literal, an option `type=int`, an element of a list of numbers or
+        of what DataParallel is given as device_ids) that is no rank (TPU405 ports those)."""
+        kinds = self.ctx.values.kinds(value)
+        return K.NUMBER in kinds and not kinds & {
+            K.RANK, K.WORLD, K.GPU_COUNT, K.DTYPE, K.TENSOR, K.DEVICE, K.STRING, K.MODULE}
 
     def _option_holds_device(self, call: cst.Call) -> bool:
         """An argparse option whose default is a CUDA device string holds a device string,
