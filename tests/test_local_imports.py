@@ -4,6 +4,7 @@ Followed with `ast` from the script's folder, as `python train.py` would import 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -187,3 +188,54 @@ def test_imports_only_type_checkers_read_are_not_followed(tmp_path):
     (tmp_path / "train.py").write_text("import pkg\n")
     found = [p.relative_to(tmp_path).as_posix() for p in local_modules(tmp_path / "train.py")]
     assert found == ["pkg/__init__.py", "pkg/lazy.py"]
+
+
+DATA_PARALLEL_TREE = {
+    "models/__init__.py": "",
+    # the read: `.module` of a network found by name, which no dataflow follows
+    "models/base_model.py": (
+        "import torch\n\n\nclass BaseModel:\n"
+        "    def save_networks(self, names, path):\n"
+        "        for name in names:\n"
+        "            net = getattr(self, 'net' + name)\n"
+        "            if torch.cuda.is_available():\n"
+        "                torch.save(net.module.cpu().state_dict(), path)\n"
+        "                net.cuda()\n"
+        "            else:\n"
+        "                torch.save(net.cpu().state_dict(), path)\n"),
+    # the wrap, in another module, kept on an attribute (not returned)
+    "models/gan_model.py": (
+        "import torch\nfrom models.base_model import BaseModel\n\n\n"
+        "class GanModel(BaseModel):\n"
+        "    def __init__(self, netG, gpu_ids):\n"
+        "        netG.to(gpu_ids[0])\n"
+        "        self.netG = torch.nn.DataParallel(netG, gpu_ids)\n"),
+    "train.py": (
+        "import sys\nimport torch\nfrom models.gan_model import GanModel\n\n"
+        "model = GanModel(torch.nn.Linear(2, 2), [0])\n"
+        "model.save_networks(['G'], sys.argv[1])\nprint('saved')\n"),
+}
+
+
+def test_a_data_parallel_wrap_stays_where_another_module_reads_module_unresolved(tmp_path,
+                                                                                 run_cli):
+    # An image-translation base model: the wrap in one module, `net.module.cpu()` under a
+    # guard that the port makes true in another; with the wrapper removed the first save
+    # failed with AttributeError
+    for name, text in DATA_PARALLEL_TREE.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    proc = run_cli("migrate", "--format", "json", "-o", "ported", "train.py", cwd=tmp_path,
+                   check_rc=0)
+    findings = json.loads(proc.stdout)["findings"]
+    kept = [f for f in findings if f["code"] == "TPU403"]
+    assert len(kept) == 1 and "`net.module` in models.base_model" in kept[0]["message"], kept
+    ported = (tmp_path / "ported" / "models" / "gan_model.py").read_text()
+    assert "self.netG = torch.nn.DataParallel(netG, gpu_ids)" in ported
+    if importlib.util.find_spec("torch_xla") is None:
+        return
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "CUDA_VISIBLE_DEVICES": ""}
+    ran = subprocess.run([sys.executable, "train.py", str(tmp_path / "g.pt")],
+                         cwd=tmp_path / "ported", env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert ran.returncode == 0 and "saved" in ran.stdout, ran.stderr[-3000:]

@@ -54,6 +54,9 @@ class FileFacts:
     # package's __init__): name -> the absolute `module.name`
     reexports: dict[str, str] = field(default_factory=dict)
     option_uses: dict[str, frozenset[str]] = field(default_factory=dict)
+    # `x.module` reads whose `x` the dataflow knows nothing of (`getattr(self, "net" +
+    # name).module`): the code of each
+    module_reads: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -66,10 +69,12 @@ class Received:
     # argparse option -> what the program's modules do with it (one namespace, handed around:
     # timm's train.py defines `--device`, timm.utils.distributed makes it a torch.device)
     option_uses: dict[str, frozenset[str]] = field(default_factory=dict)
+    # (module, code) of the `.module` reads of the other modules that nothing is known of
+    module_reads: list[tuple[str, str]] = field(default_factory=list)
 
     def empty(self) -> bool:
         return not (self.param_kinds or self.external_uses or self.imported_kinds
-                    or self.option_uses)
+                    or self.option_uses or self.module_reads)
 
 
 def module_name(path: Path, roots: list[Path]) -> str | None:
@@ -125,6 +130,7 @@ def file_facts(source: str | cst.Module, module: str, is_package: bool,
                     kinds = values.instance_kinds(b.node) & CLASS_KINDS
                     if kinds:
                         facts.class_kinds[name] = frozenset(kinds)
+    facts.module_reads = values.unresolved_module_reads()
     for call, scope in values.calls:
         target = _target(values, call, module, is_package)
         if target is None:
@@ -238,6 +244,7 @@ def combine(facts: dict[Path, FileFacts]) -> dict[Path, Received]:
                 mine[dest] = mine.get(dest, frozenset()) | uses
             if other_path == path:
                 continue
+            received[path].module_reads.extend((other.module, code) for code in other.module_reads)
             for cls, kinds in other.class_kinds.items():
                 received[path].imported_kinds[f"{other.module}.{cls}"] = kinds
     return received

@@ -273,18 +273,35 @@ def hand_update(ctx, loop: cst.For | cst.While, backward: cst.SimpleStatementLin
     return update
 
 
-def branch_with_hand_update(loop: cst.For | cst.While, step: cst.SimpleStatementLine):
-    """The `if` of the loop body whose branch steps the optimizer while its `else` updates the
-    parameters by hand (pytorch/examples word_language_model: `if args.use_optimizer:
-    optimizer.step()` / `else: for p in model.parameters(): p.data.add_(p.grad, ...)`): the
-    barrier goes after the whole `if`, so both kinds of step are cut."""
+def branch_with_hand_update(loop: cst.For | cst.While, steps: list[cst.SimpleStatementLine]):
+    """The `if` of the loop body one of whose branches steps the optimizer while another steps
+    it too or updates the parameters by hand (pytorch/examples word_language_model: `if
+    args.use_optimizer: optimizer.step()` / `else: for p in model.parameters():
+    p.data.add_(p.grad, ...)`; DINO: `if fp16_scaler is None: optimizer.step()` / `else:
+    fp16_scaler.step(optimizer)`): the barrier goes after the whole `if`, so every kind of step
+    is cut, not only the last one written. With it, whether a branch updates by hand."""
     body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else ()
-    top = next((stmt for stmt in body if _contains(stmt, step)), None)
-    if not isinstance(top, cst.If) or top.orelse is None or not _contains(top.body, step):
+    top = next((stmt for stmt in body if _contains(stmt, steps[-1])), None)
+    if not isinstance(top, cst.If) or top.orelse is None:
         return None
-    reads = _ReadsGrad()
-    scan(top.orelse, reads)
-    return top if reads.found else None
+    branches = [top.body]
+    branch = top.orelse
+    while isinstance(branch, cst.If):  # elif chains
+        branches.append(branch.body)
+        branch = branch.orelse
+    if branch is not None:
+        branches.append(branch.body)
+
+    def by_hand(block) -> bool:
+        reads = _ReadsGrad()
+        scan(block, reads)
+        return reads.found
+
+    stepped = [block for block in branches if any(_contains(block, step) for step in steps)]
+    by_hand = [block for block in branches if block not in stepped and by_hand(block)]
+    if len(stepped) + len(by_hand) < 2:
+        return None
+    return top, bool(by_hand)
 
 
 class _Names(cst.CSTVisitor):

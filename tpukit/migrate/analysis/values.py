@@ -39,6 +39,8 @@ class Values(ValueKinds, ValueUses):
         self.external_uses = received.external_uses if received is not None else {}
         self.imported_kinds = received.imported_kinds if received is not None else {}
         self.received_option_uses = received.option_uses if received is not None else {}
+        # (module, code) of the other modules' `.module` reads of values nothing is known of
+        self.module_reads_elsewhere = received.module_reads if received is not None else []
         self.module_name, self.is_package = module_name, is_package
         self.module_scope = Scope(None, None)
         self.scopes: dict[int, Scope] = {}
@@ -80,6 +82,14 @@ class Values(ValueKinds, ValueUses):
         self._collect_uses()
 
     # -- names ------------------------------------------------------------------------
+    def unresolved_module_reads(self) -> list[str]:
+        """The code of each `x.module` read where nothing is known of `x` (pix2pix's
+        `getattr(self, "net" + name).module`): a model DataParallel wrapped in another
+        function or module may reach it."""
+        finder = _ModuleReads(self)
+        scan(self.module, finder)
+        return finder.reads
+
     def bindings(self, name: cst.Name) -> list:
         """What `name` (a Name node of this module) may hold: its scope's bindings, as Python
         looks it up (enclosing functions, then the module; a class body is skipped)."""
@@ -154,3 +164,22 @@ class Values(ValueKinds, ValueUses):
             base = self.qualified(expr.value)
             return f"{base}.{expr.attr.value}" if base else None
         return None
+
+
+class _ModuleReads(cst.CSTVisitor):
+    def __init__(self, values: Values) -> None:
+        self.values = values
+        self.reads: list[str] = []
+
+    def visit_Import(self, node) -> bool:
+        return False  # `import a.module` names a module, reads nothing
+
+    def visit_ImportFrom(self, node) -> bool:
+        return False
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        inner = node.value
+        if isinstance(inner, cst.Attribute) and inner.attr.value == "module":
+            return  # `m.module.module`: the read of `m.module` is the one to say
+        if node.attr.value == "module" and not self.values.kinds(node.value):
+            self.reads.append(self.values.module.code_for_node(node))

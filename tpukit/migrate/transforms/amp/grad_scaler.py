@@ -10,7 +10,7 @@ import libcst as cst
 from tpukit.findings import FixKind
 from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.context import with_commas
-from tpukit.migrate.nodes import first, scan
+from tpukit.migrate.nodes import find_keyword, first, scan
 from tpukit.migrate.transforms.amp.common import CUDA_AUTOCAST, DEVICE_AUTOCAST, FP16
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
 
@@ -116,6 +116,59 @@ class _SymbolUses(cst.CSTVisitor):
         return False
 
 
+class _PresenceTests(cst.CSTVisitor):
+    """The first test by which a program asks whether a scaler exists: `scaler is None`,
+    `scaler is not None`, `scaler == None`, `if scaler:`, `not scaler`, `bool(scaler)`, or a
+    scaler as an operand of `and`/`or`. (DINO: `autocast(enabled=fp16_scaler is not None)`.)"""
+
+    def __init__(self, transform) -> None:
+        self.transform = transform
+        self.test: str | None = None  # its code
+
+    def _tested(self, expr, shown=None) -> None:
+        if self.test is None and self.transform._is_scaler(expr):
+            self.test = self.transform.ctx.short(shown if shown is not None else expr)
+
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        left = node.left
+        for target in node.comparisons:
+            right = target.comparator
+            if isinstance(target.operator, (cst.Is, cst.IsNot, cst.Equal, cst.NotEqual)):
+                for a, b in ((left, right), (right, left)):
+                    if isinstance(b, cst.Name) and b.value == "None":
+                        self._tested(a, node)
+            left = right
+
+    def visit_If(self, node: cst.If) -> None:
+        self._tested(node.test)
+
+    def visit_While(self, node: cst.While) -> None:
+        self._tested(node.test)
+
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        self._tested(node.test)
+
+    def visit_UnaryOperation(self, node: cst.UnaryOperation) -> None:
+        if isinstance(node.operator, cst.Not):
+            self._tested(node.expression, node)
+
+    def visit_BooleanOperation(self, node: cst.BooleanOperation) -> None:
+        self._tested(node.left)
+        self._tested(node.right)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if (len(node.args) == 1 and node.args[0].keyword is None
+                and self.transform.ctx.qualify(node.func) == "builtins.bool"):
+            self._tested(node.args[0].value, node)
+
+
+def _disabled(call: cst.Call) -> bool:
+    """`GradScaler(enabled=False)`: a scaler that scales nothing (what the port writes where
+    the program tests for one): nothing to remove."""
+    enabled = find_keyword(call, "enabled")
+    return enabled is not None and isinstance(enabled.value, cst.Name) and enabled.value.value == "False"
+
+
 def _enters_autocast(ctx) -> bool:
     """Does this file enter an autocast (torch.autocast, torch.cuda.amp.autocast, ...)?"""
     return bool(first(ctx.module, lambda n: isinstance(n, cst.Call) and ctx.qualify(n.func)
@@ -182,9 +235,19 @@ class GradScaler(Transform):
         scan(self.ctx.module, uses)
         return uses.other > 0
 
+    def _presence_tested(self) -> str | None:
+        """The first test by which the program asks whether its scaler exists, if any."""
+        def find():
+            tests = _PresenceTests(self)
+            scan(self.ctx.module, tests)
+            return tests.test
+        return self.ctx.memo("scaler_presence_tested", find)
+
     def _constructor(self, node, targets):
         value = node.value
         if not (isinstance(value, cst.Call) and self.ctx.qualify(value.func) in GRAD_SCALERS):
+            return None
+        if _disabled(value):
             return None
         symbols = [self.ctx.values.symbol(t) for t in targets]
         text = self.ctx.short(node)
@@ -193,6 +256,16 @@ class GradScaler(Transform):
                             applied=False, fix=FixKind.NONE)
             return None
         if any(self._used_beyond_methods(s) for s in symbols if s is not None):
+            tested = self._presence_tested()
+            if tested is not None:
+                # The program asks whether a scaler exists (`autocast(enabled=scaler is not
+                # None)`): None would answer "no" where the original said "yes" (autocast off,
+                # fp32, silently). A disabled scaler is there and scales nothing.
+                return self.fix_or_report(
+                    node, self.say("scaler_disabled", code=text, test=tested),
+                    lambda: StatementPlan([node.with_changes(
+                        value=self.ctx.expr("torch.amp.GradScaler(enabled=False)"))]),
+                )
             # Still passed around (`train(model, scaler)`): keep the name, as None.
             return self.fix_or_report(
                 node, self.say("scaler_none", code=text),

@@ -52,9 +52,44 @@ class DataParallel(Transform):
                 return True
         return False
 
-    def _keep(self, node: cst.Call) -> None:
-        self.ctx.report(self.rule, node, self.say("returned", code=self.ctx.short(node)),
+    def _unresolved_read(self) -> tuple[str, str] | None:
+        """A `.module` read, in this file or another of the program, of a value the dataflow
+        knows nothing of (pix2pix's `getattr(self, "net" + name).module` in base_model.py,
+        reaching a model wrapped in networks.py): where the target keeps the wrapper
+        (`keep_returned`) it stays, or that read would fail (AttributeError)."""
+        if not self.mapping.get("keep_returned"):
+            return None
+        def find():
+            own = self.ctx.values.unresolved_module_reads()
+            if own:
+                return own[0], ""
+            elsewhere = self.ctx.values.module_reads_elsewhere
+            if elsewhere:
+                module, code = elsewhere[0]
+                return code, module
+            return None
+        return self.ctx.memo("data_parallel_unresolved_read", find)
+
+    def _keep(self, node: cst.Call, read: tuple[str, str] | None = None) -> None:
+        code = self.ctx.short(node)
+        if read is None:
+            message = self.say("returned", code=code)
+        elif read[1]:
+            message = self.say("module_read_elsewhere", code=code, read=read[0], module=read[1])
+        else:
+            message = self.say("module_read", code=code, read=read[0])
+        self.ctx.report(self.rule, node, message,
                         applied=False, fix=FixKind.NONE, severity=Severity.INFO)
+
+    def _kept(self, wrap: cst.Call, target) -> bool:
+        if self._returned(wrap, target):
+            self._keep(wrap)
+            return True
+        read = self._unresolved_read()
+        if read is not None:
+            self._keep(wrap, read)
+            return True
+        return False
 
     def visit_Assign(self, node: cst.Assign):
         value = node.value
@@ -65,8 +100,7 @@ class DataParallel(Transform):
         if self.ctx.code(target) != self.ctx.code(value.args[0].value):
             return None  # `dp = DataParallel(model)`: the call itself is rewritten below
         self._decided.add(id(value))
-        if self._returned(value, target):
-            self._keep(value)
+        if self._kept(value, target):
             return None
         text = self.ctx.short(node)
         return self.fix_or_report(value, self._message(value), lambda: StatementPlan(
@@ -77,8 +111,7 @@ class DataParallel(Transform):
                 or id(original) in self._decided):
             return None
         assigned = self.ctx.assign_targets[-1] if self.ctx.assign_targets else []
-        if self._returned(original, assigned[0] if len(assigned) == 1 else None):
-            self._keep(original)
+        if self._kept(original, assigned[0] if len(assigned) == 1 else None):
             return None
         return self.fix_or_report(original, self._message(original), lambda: updated.args[0].value)
 

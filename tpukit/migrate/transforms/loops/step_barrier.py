@@ -116,9 +116,11 @@ class StepBarrier(Transform):
         if finder.has_barrier:
             return
         if finder.step_lines:
-            both = branch_with_hand_update(node, finder.step_lines[-1])
+            both = branch_with_hand_update(node, finder.step_lines)
             if both is not None:  # `if use_optimizer: opt.step()` / `else: p.data.add_(...)`
-                self.after_update[both] = (node, self.say("both_branches"))
+                top, by_hand = both
+                message = self.say("both_branches") if by_hand else self.say("every_branch")
+                self.after_update[top] = (node, message)
             else:
                 self.after[finder.step_lines[-1]] = node  # after the last step: one a step
             self.micro_steps.update(accumulation_backwards(self.ctx, node))
