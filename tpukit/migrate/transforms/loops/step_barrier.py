@@ -49,6 +49,7 @@ class StepBarrier(Transform):
         self.sampling: set[cst.CSTNode] = set()  # no_grad loops that feed results forward
         self.rollout: set[cst.CSTNode] = set()  # loops that fill tensors made before them
         self.callers_elsewhere: set[cst.CSTNode] = set()  # step lines of functions no code here calls
+        self.called_once: set[cst.CSTNode] = set()  # ... of functions no loop here calls
         self.no_grad_depth = 0
 
     def _no_grad_decorated(self, node: cst.FunctionDef) -> bool:
@@ -74,16 +75,37 @@ class StepBarrier(Transform):
         name = function.name.value
         if name.startswith("__") and name.endswith("__"):
             return  # Python calls it through syntax (`scaler(loss, opt)`), not by its name
-        if (self.ctx.library_code or not is_stepping_function(self.ctx, name)
-                or name in self._names_used()):
+        if self.ctx.library_code or not is_stepping_function(self.ctx, name):
             return
+        named = name in self._names_used()
+        if named and name in self._called_in_loops():
+            return  # a loop of this file steps it (and cuts it there)
         finder = find_steps(self.ctx, function)
         if finder.has_barrier or not finder.step_lines:
             return
         last = finder.step_lines[-1]
         if any(is_optimizer_step(self.ctx, node) for node in walk(last)):
+            # Named but called by no loop (the DDP tutorial's `demo_basic(rank)`, once per
+            # process): its one step is never cut, and lazy XLA runs nothing until a value
+            # is read: the program could end having trained nothing on the device.
             self.after[last] = function
-            self.callers_elsewhere.add(last)
+            (self.called_once if named else self.callers_elsewhere).add(last)
+
+    def _called_in_loops(self) -> set[str]:
+        """The names of the functions and methods called inside a loop of this file."""
+        def compute() -> set[str]:
+            called = set()
+            for loop in walk(self.ctx.module):
+                if isinstance(loop, (cst.For, cst.While, cst.ListComp, cst.GeneratorExp)):
+                    for node in walk(loop):
+                        if isinstance(node, cst.Call):
+                            func = node.func
+                            if isinstance(func, cst.Name):
+                                called.add(func.value)
+                            elif isinstance(func, cst.Attribute):
+                                called.add(func.attr.value)
+            return called
+        return self.ctx.memo("called_in_loops", compute)
 
     def _names_used(self) -> set[str]:
         """Every name this file reads or calls, as a name or an attribute (a definition's own
@@ -216,9 +238,11 @@ class StepBarrier(Transform):
         if original not in self.after:
             return None
         self.after.pop(original)
+        message = (self.say("step_called_elsewhere") if original in self.callers_elsewhere
+                   else self.say("step_called_once") if original in self.called_once
+                   else self.say("step"))
         result = self.fix_or_report(
-            original, self.say("step_called_elsewhere") if original in self.callers_elsewhere
-            else self.say("step"),
+            original, message,
             lambda: cst.FlattenSentinel([updated, self._sync_line()]),
         )
         return result
