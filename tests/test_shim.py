@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import tomllib
 
 import pytest
@@ -126,6 +127,34 @@ def test_checkpoint_saved_on_cuda_loads_on_the_cpu(tmp_path, monkeypatch):
         assert record.path == __file__
     finally:
         shim.uninstall()
+
+
+def test_a_whole_xla_model_saved_and_loaded_under_the_layer(tmp_path):
+    """A word-language model saves its best model whole (`xm.save(model, f)` after the port:
+    XLA tensors pickled as they are) and loads it at the end with no map_location: the
+    layer's CUDA-to-CPU mapping must not stop torch rebuilding them ("Callable map_location
+    not supported with _rebuild_wrapper_subclass" when the mapping was a function)."""
+    code = textwrap.dedent("""
+        import torch, torch_xla
+        import torch_xla.core.xla_model as xm
+        import tpukit.shim
+        model = torch.nn.LSTM(4, 4).to(torch_xla.device())
+        with open(PATH, "wb") as f:
+            xm.save(model, f)
+        shim = tpukit.shim.install(PROG)
+        try:
+            with open(PATH, "rb") as f:
+                loaded = torch.load(f, weights_only=False)
+        finally:
+            shim.uninstall()
+        print(next(loaded.parameters()).device.type)
+    """)
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-c", f"PATH = {str(tmp_path / 'm.pt')!r}\n"
+                           f"PROG = {str(PROG)!r}\n" + code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == "xla"
 
 
 # -- tpukit run: a package's CUDA and argv's device --------------------------------------------

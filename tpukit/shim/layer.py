@@ -24,6 +24,21 @@ from tpukit.shim.sites import CallSites
 _DEVICE_TYPES = (str, torch.device, int)
 
 
+class _CudaToCpu(dict):
+    """A torch.load map_location that sends every CUDA location ("cuda", "cuda:3") to the CPU,
+    leaves the others where they are, and remembers the CUDA ones it saw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def get(self, location, default=None):
+        if str(location).startswith("cuda"):
+            self.seen.append(str(location))
+            return "cpu"
+        return default if default is not None else location
+
+
 def catalog() -> dict:
     """rules/catalog/shim.toml."""
     from tpukit.rules import rules_dir
@@ -493,17 +508,14 @@ class Layer(Patch):
                      "load_state_dict or .to(device) moves the tensors")
                 map_location = "cpu"
             elif map_location is None:
-                saved_on_cuda = []
-
-                def restore(storage, location):
-                    # CUDA's storages stay on the CPU, the others go where torch puts them
-                    if location.startswith("cuda"):
-                        saved_on_cuda.append(location)
-                        return storage
-                    return None
-
-                loaded = load(f, restore, *args, **kwargs)
-                if saved_on_cuda:
+                # CUDA's storages stay on the CPU, the others go where torch puts them. A
+                # mapping, not a function: torch refuses a callable map_location for the
+                # tensors it rebuilds as wrapper subclasses (XLA tensors pickled whole, a
+                # word-language model's `torch.save(model, f)`: "Callable map_location not
+                # supported with _rebuild_wrapper_subclass"), and reads a dict's `get`.
+                saved_on_cuda = _CudaToCpu()
+                loaded = load(f, saved_on_cuda, *args, **kwargs)
+                if saved_on_cuda.seen:
                     note("torch.load", "storages saved on CUDA stayed on the CPU: "
                          "load_state_dict or .to(device) moves them")
                 return loaded
