@@ -239,3 +239,25 @@ def test_a_data_parallel_wrap_stays_where_another_module_reads_module_unresolved
                          cwd=tmp_path / "ported", env=env, capture_output=True, text=True,
                          timeout=300)
     assert ran.returncode == 0 and "saved" in ran.stdout, ran.stderr[-3000:]
+
+
+def test_on_torchtpu_the_wrapper_becomes_a_holder_that_keeps_module(tmp_path, run_cli):
+    # TorchTPU removes DataParallel (with a TPU it would scatter over chips with CUDA's
+    # copies); where `.module` is read of a model no dataflow follows, a holder keeps it
+    for name, text in DATA_PARALLEL_TREE.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    run_cli("migrate", "--target", "torchtpu", "-o", "ported", "train.py", cwd=tmp_path,
+            check_rc=0)
+    ported = (tmp_path / "ported" / "models" / "gan_model.py").read_text()
+    assert "self.netG = _TpuModuleHolder(netG)\n" in ported and "torch.nn.DataParallel(" not in ported
+    torch = pytest.importorskip("torch")
+    from tpukit.migrate.helpers import SOURCES
+    space = {"torch": torch}
+    exec(SOURCES["_TpuModuleHolder"], space)
+    net = torch.nn.Linear(2, 3)
+    held, wrapped = space["_TpuModuleHolder"](net), torch.nn.DataParallel(net)
+    assert held.module is net
+    assert list(held.state_dict()) == list(wrapped.state_dict())  # "module.weight", ...
+    x = torch.ones(1, 2)
+    assert torch.equal(held(x), net(x))

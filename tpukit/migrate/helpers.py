@@ -191,6 +191,19 @@ def _tensors_to(value, device):
         return type(value)(_tensors_to(v, device) for v in value)
     return value
 ''',
+    "_TpuModuleHolder": '''
+class _TpuModuleHolder(torch.nn.Module):
+    """nn.DataParallel(module) as it runs with no GPU: the model called as it is and kept as
+    `.module` (its checkpoint keys under "module."), for code that reads `.module` of a model
+    tpukit cannot follow (inserted by tpukit): one TorchTPU process drives one chip."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+''',
     "_tensor_on_host": '''
 def _tensor_on_host(value):
     """What a loop reads element by element to the host, copied there at once (inserted by
@@ -208,6 +221,7 @@ IMPORTS_OF: dict[str, tuple[str, ...]] = {**{name: () for name, _ in library_mod
                                           "_XlaTimingEvent": ("xm", "torch_xla"),
                                           "_inputs_to_device": ("torch",),
                                           "_tensor_on_host": ("torch",),
+                                          "_TpuModuleHolder": ("torch",),
                                           "_tensors_to": ("torch",),
                                           "_xla_sync_batchnorm": ("torch", "xm", "xr"),
                                           "_xla_launch_process_count": ("xr",),

@@ -195,6 +195,14 @@ class ValueKinds:
                 return self._iterated(iterable.args[0].value, path)
             if callee == "range":
                 return frozenset({K.NUMBER})
+            if isinstance(iterable.func, cst.Attribute) and not iterable.args:
+                # a module's parameters (nn.Module's API): `for p in m.parameters()`, `for n, p
+                # in m.named_parameters()`: the tensors themselves
+                method = iterable.func.attr.value
+                if method in ("parameters", "buffers") and not path:
+                    return frozenset({K.TENSOR})
+                if method in ("named_parameters", "named_buffers") and path == (1,):
+                    return frozenset({K.TENSOR})
         kinds = self.kinds(iterable)
         if K.LOADER in kinds:
             return frozenset({K.BATCH}) if not path else frozenset({K.TENSOR})

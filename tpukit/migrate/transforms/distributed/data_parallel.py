@@ -20,7 +20,7 @@ DATA_PARALLEL_NAMES = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel"
 @transform("TPU403")
 class DataParallel(Transform):
     uses = frozenset({"values"})
-    table_keys = frozenset({"keep_returned"})
+    table_keys = frozenset({"keep_returned", "helper"})
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self._decided: set[int] = set()  # wraps whose assignment statement visit_Assign decided
@@ -57,8 +57,6 @@ class DataParallel(Transform):
         knows nothing of (pix2pix's `getattr(self, "net" + name).module` in base_model.py,
         reaching a model wrapped in networks.py): where the target keeps the wrapper
         (`keep_returned`) it stays, or that read would fail (AttributeError)."""
-        if not self.mapping.get("keep_returned"):
-            return None
         def find():
             own = self.ctx.values.unresolved_module_reads()
             if own:
@@ -85,11 +83,36 @@ class DataParallel(Transform):
         if self._returned(wrap, target):
             self._keep(wrap)
             return True
-        read = self._unresolved_read()
+        read = self._unresolved_read() if self.mapping.get("keep_returned") else None
         if read is not None:
             self._keep(wrap, read)
             return True
         return False
+
+    def _holding(self) -> bool:
+        """Does this file's wrapper become the holder (and keep its `.module` reads)? Library
+        code keeps its own guarded removal."""
+        return bool(self.mapping.get("helper") and not self.ctx.library_code
+                    and self._unresolved_read() is not None)
+
+    def _held(self, original: cst.Call, updated: cst.Call):
+        """Where the target removes the wrapper (TorchTPU: with a TPU, DataParallel would
+        scatter over the chips with CUDA's copies) but the program reads `.module` of a model
+        the dataflow cannot follow: a holder that keeps `.module` and calls the model as it is
+        (DataParallel with no device), so that read still finds the model."""
+        if not self._holding():
+            return None
+        helper = self.mapping.get("helper")
+        code, module = self._unresolved_read()
+        shown = self.ctx.short(original)
+        message = (self.say("held_elsewhere", code=shown, read=code, module=module) if module
+                   else self.say("held", code=shown, read=code))
+
+        def build():
+            self.ctx.helpers_needed.add(helper)
+            return cst.Call(func=cst.Name(helper), args=[updated.args[0].with_changes(
+                comma=cst.MaybeSentinel.DEFAULT)])
+        return self.fix_or_report(original, message, build)
 
     def visit_Assign(self, node: cst.Assign):
         value = node.value
@@ -102,6 +125,9 @@ class DataParallel(Transform):
         self._decided.add(id(value))
         if self._kept(value, target):
             return None
+        if self._holding():
+            self._decided.discard(id(value))  # leave_Call puts the holder in its place
+            return None
         text = self.ctx.short(node)
         return self.fix_or_report(value, self._message(value), lambda: StatementPlan(
             [], f'removed "{text}": one process per TPU device'))
@@ -113,6 +139,8 @@ class DataParallel(Transform):
         assigned = self.ctx.assign_targets[-1] if self.ctx.assign_targets else []
         if self._kept(original, assigned[0] if len(assigned) == 1 else None):
             return None
+        if self._holding():
+            return self._held(original, updated)
         return self.fix_or_report(original, self._message(original), lambda: updated.args[0].value)
 
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
@@ -123,6 +151,8 @@ class DataParallel(Transform):
         # another variable than the one another method wrapped)
         if K.DATA_PARALLEL not in self.ctx.values.kinds(original.value):
             return None
+        if self._holding():
+            return None  # the holder keeps `.module`
         if not self.ctx.can_fix(self.rule):
             return None
         return updated.value
