@@ -201,6 +201,29 @@ def make_cifar10(cwd: Path, entry: dict) -> None:
                                      "ship", "truck"], "num_vis": 3072, "num_cases_per_batch": train // 5}, f)
 
 
+def make_cora(cwd: Path, entry: dict) -> None:
+    """A citation graph as pyGAT's load_data reads it: data/cora/cora.content (a paper id, binary
+    word features, a class name per line, tab-separated) and cora.cites (pairs of paper ids).
+    `data_size` papers (at least 1,500: the script's test split is papers 500-1499)."""
+    folder = cwd / entry.get("data_dir", "data/cora")
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = _rng(entry)
+    n, features = max(entry.get("data_size", 1600), 1500), entry.get("data_features", 32)
+    classes = ["Case_Based", "Genetic_Algorithms", "Neural_Networks", "Probabilistic_Methods",
+               "Reinforcement_Learning", "Rule_Learning", "Theory"]
+    ids = rng.sample(range(10_000, 10_000_000), n)
+    with open(folder / "cora.content", "w") as f:
+        for paper in ids:
+            label = rng.randrange(len(classes))
+            # a class's papers share words: the classes can be learned
+            bits = ["1" if rng.random() < (0.4 if k % len(classes) == label else 0.05) else "0"
+                    for k in range(features)]
+            f.write("\t".join([str(paper), *bits, classes[label]]) + "\n")
+    with open(folder / "cora.cites", "w") as f:
+        for _ in range(n * 3):
+            f.write(f"{rng.choice(ids)}\t{rng.choice(ids)}\n")
+
+
 def make_nothing(cwd: Path, entry: dict) -> None:
     """The script makes its own data (FakeData, torch.randn, a generator in the repo)."""
 
@@ -212,6 +235,7 @@ RECIPES = {
     "nanogpt_bins": make_nanogpt_bins,
     "image_folder": make_image_folder,
     "cifar10": make_cifar10,
+    "cora": make_cora,
     "none": make_nothing,
 }
 
@@ -624,8 +648,10 @@ def run_entry(entry: dict, mirrors: Path, work: Path, python: str, sites: list[P
                                          terminal=entry.get("terminal", False))
         text = log.read_text(errors="replace")
         r.migrated = Run(status=status, exit_code=code, wall_s=round(wall, 1), losses=read_losses(text, pattern))
+        findings = []
         try:
-            summary = json.loads(report_path.read_text())["summary"]
+            report = json.loads(report_path.read_text())
+            summary, findings = report["summary"], report.get("findings", [])
             r.outcome = summary.get("outcome", "")
             r.steps = summary.get("steps")
             r.compiles = summary.get("compiles")
@@ -640,6 +666,16 @@ def run_entry(entry: dict, mirrors: Path, work: Path, python: str, sites: list[P
             r.migrated.error, r.migrated.where = first_error(text, port, port / cwd_rel)
             if not r.migrated.error and summary.get("error"):
                 r.migrated.error = summary["error"]
+            stopped_by = {"compile-storm": "TPU710", "died": None}
+            if summary.get("outcome") in stopped_by:
+                # stopped by tpukit (a compile storm) or killed by a signal: what the report says
+                code_wanted = stopped_by[summary["outcome"]]
+                said = next((f for f in findings if f.get("code") == code_wanted), None)
+                r.migrated.error = summary["outcome"] + (
+                    f" ({summary['signal']})" if summary.get("signal") else "") + (
+                    f": {said['code']} {said['message'].split(':')[0]}" if said else "")
+                if said and said.get("path", "").startswith(str(port) + os.sep):
+                    r.migrated.where = f"{os.path.relpath(said['path'], port)}:{said.get('line', 0)}"
             if r.migrated.where:
                 path, line = r.migrated.where.rsplit(":", 1)
                 try:
