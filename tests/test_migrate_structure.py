@@ -82,7 +82,7 @@ def test_a_rule_declares_the_analyses_it_reads():
             undeclared[name] = (sorted(classes[name].uses), sorted(_reads(path)))
     assert undeclared == {}
     step_barrier = classes["tpukit.migrate.transforms.loops.step_barrier"]
-    assert step_barrier.uses == {"steps"}  # the check reads imports and ctx attributes
+    assert step_barrier.uses == {"steps", "values"}  # the check reads imports and ctx attributes
     assert "device_facts" in classes["tpukit.migrate.transforms.devices.cuda_device"].uses
 
 

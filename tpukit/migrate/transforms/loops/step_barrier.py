@@ -10,6 +10,7 @@ import re
 import libcst as cst
 
 from tpukit.findings import FixKind, Message, Severity
+from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.analysis.steps import (
     NO_GRAD,
     accumulation_backwards,
@@ -36,7 +37,7 @@ _IMPORTS_TORCH_XLA = re.compile(r"^[ \t]*(?:import|from)[ \t]+torch_xla\b", re.M
 class StepBarrier(Transform):
     """Loops that batch by hand get `torch_xla.sync()` once per step, after the optimizer step
     (eval loops: once per batch). Never a second barrier where one exists."""
-    uses = frozenset({"steps"})
+    uses = frozenset({"steps", "values"})
 
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
@@ -77,6 +78,10 @@ class StepBarrier(Transform):
             return  # Python calls it through syntax (`scaler(loss, opt)`), not by its name
         if self.ctx.library_code or not is_stepping_function(self.ctx, name):
             return
+        if self._no_grad_decorated(function) or self._optimizer_method(function):
+            # an optimizer's own step (timm's Lookahead.step around its base optimizer's, under
+            # no_grad): an update, not a training step; its caller's step is what is cut
+            return
         named = name in self._names_used()
         if named and name in self._called_in_loops():
             return  # a loop of this file steps it (and cuts it there)
@@ -90,6 +95,10 @@ class StepBarrier(Transform):
             # is read: the program could end having trained nothing on the device.
             self.after[last] = function
             (self.called_once if named else self.callers_elsewhere).add(last)
+
+    def _optimizer_method(self, function: cst.FunctionDef) -> bool:
+        cls = self.ctx.values.method_of.get(id(function))
+        return cls is not None and K.OPTIMIZER in self.ctx.values.instance_kinds(cls)
 
     def _called_in_loops(self) -> set[str]:
         """The names of the functions and methods called inside a loop of this file."""
