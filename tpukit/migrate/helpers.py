@@ -192,14 +192,20 @@ def _tensors_to(value, device):
     return value
 ''',
     "_TpuModuleHolder": '''
-class _TpuModuleHolder(torch.nn.Module):
+class _TpuModuleHolder(torch.nn.DataParallel):
     """nn.DataParallel(module) as it runs with no GPU: the model called as it is and kept as
-    `.module` (its checkpoint keys under "module."), for code that reads `.module` of a model
-    tpukit cannot follow (inserted by tpukit): one TorchTPU process drives one chip."""
+    `.module` (its own state_dict's keys under "module."), still a DataParallel for code that
+    asks (`isinstance(net, nn.DataParallel)`), for code that reads `.module` of a model tpukit
+    cannot follow (inserted by tpukit): one TorchTPU process drives one chip, so DataParallel's
+    own set-up, which asks the device module for every chip, is not run."""
 
     def __init__(self, module):
-        super().__init__()
+        torch.nn.Module.__init__(self)
         self.module = module
+        self.device_ids = []
+        self.output_device = None
+        self.src_device_obj = None
+        self.dim = 0
 
     def forward(self, *inputs, **kwargs):
         return self.module(*inputs, **kwargs)
