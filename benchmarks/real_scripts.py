@@ -142,13 +142,14 @@ def make_nanogpt_bins(cwd: Path, entry: dict) -> None:
                      "stoi": {c: i for i, c in enumerate(chars)}}, f)
 
 
-def _png(path: Path, width: int, height: int, pixel) -> None:
+def _png(path: Path, width: int, height: int, pixel, gray: bool = False) -> None:
+    """An 8-bit PNG: `pixel(x, y)` gives (r, g, b), or (v,) where `gray`."""
     rows = b"".join(b"\x00" + bytes(v for x in range(width) for v in pixel(x, y)) for y in range(height))
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0 if gray else 2, 0, 0, 0))
                      + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
 
 
@@ -165,6 +166,29 @@ def make_image_folder(cwd: Path, entry: dict) -> None:
                 seed = rng.randrange(256)
                 _png(folder / f"{i}.png", size, size,
                      lambda x, y: ((x * 4 + seed) % 256, (y * 4 * (label + 1)) % 256, (x + y + seed) % 256))
+
+
+def make_image_masks(cwd: Path, entry: dict) -> None:
+    """A segmentation set: IMAGES/N.png (RGB) and MASKS/N_mask.png (grayscale, 0 or 255), the
+    mask a square the image draws brighter, so the masks can be learned (`data_dir` IMAGES,
+    `mask_dir` MASKS)."""
+    images = cwd / entry.get("data_dir", "data/imgs")
+    masks = cwd / entry.get("mask_dir", "data/masks")
+    images.mkdir(parents=True, exist_ok=True)
+    masks.mkdir(parents=True, exist_ok=True)
+    rng = _rng(entry)
+    size = entry.get("image_size", 64)
+    for i in range(entry.get("data_size", 8)):
+        x0, y0, side = rng.randrange(size // 2), rng.randrange(size // 2), size // 4 + rng.randrange(size // 4)
+        seed = rng.randrange(256)
+
+        def inside(x: int, y: int) -> bool:
+            return x0 <= x < x0 + side and y0 <= y < y0 + side
+
+        _png(images / f"{i}.png", size, size,
+             lambda x, y: ((200 if inside(x, y) else (x * 3 + seed) % 120),
+                           (y * 5 + seed) % 256, (x + y) % 256))
+        _png(masks / f"{i}_mask.png", size, size, lambda x, y: (255 if inside(x, y) else 0,), gray=True)
 
 
 def make_cifar10(cwd: Path, entry: dict) -> None:
@@ -235,6 +259,7 @@ RECIPES = {
     "nanogpt_bins": make_nanogpt_bins,
     "image_folder": make_image_folder,
     "cifar10": make_cifar10,
+    "image_masks": make_image_masks,
     "cora": make_cora,
     "none": make_nothing,
 }
@@ -488,6 +513,17 @@ def extract(mirrors: Path, entry: dict, dest: Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(dest)], input=done.stdout, check=True)
 
 
+def make_hub_cache(mirrors: Path, entry: dict, torch_home: Path) -> None:
+    """The repositories a script loads with `torch.hub` (`torch_hub`: repo, commit, ref), laid
+    out as torch.hub's cache (TORCH_HOME/hub/OWNER_NAME_REF) from their mirrors, as a first
+    download would have left them: torch.hub reads a cached repository without the network."""
+    for hub in entry.get("torch_hub", []):
+        owner, name = hub["repo"].split("/")
+        dest = torch_home / "hub" / f"{owner}_{name}_{hub.get('ref', 'main').replace('/', '_')}"
+        extract(mirrors, {"repo": hub["repo"], "commit": hub["commit"], "path": ".",
+                          "tree": hub.get("tree", ["."])}, dest)
+
+
 def _terminal(rows: int = 24, columns: int = 120) -> tuple[int, int]:
     """A pseudo-terminal (primary, secondary) of this size, for a script that asks its
     terminal's size (`stty size`) as it would in an interactive shell."""
@@ -587,6 +623,9 @@ def run_entry(entry: dict, mirrors: Path, work: Path, python: str, sites: list[P
     if not r.needs_edit:
         RECIPES[entry.get("data", "none")](orig / cwd_rel, entry)
         RECIPES[entry.get("data", "none")](port / cwd_rel, entry)
+    if entry.get("torch_hub"):
+        make_hub_cache(mirrors, entry, work / "torch_home")
+        entry = {**entry, "env": {**entry.get("env", {}), "TORCH_HOME": str(work / "torch_home")}}
     if not r.needs_edit and not verify_only:
         env = base_env(entry, orig, sites, seed_dir)
         # original_shim: the original runs under the runtime layer sent to the CPU (CUDA in an

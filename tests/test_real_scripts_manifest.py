@@ -209,3 +209,28 @@ def test_the_verify_column_says_verdict_steps_and_difference():
                 verify_detail="step 1: the optimizer differs")
     assert real_scripts.reason_of(d) == "verify: diverged at step 1: the optimizer differs"
     assert "tpukit verify: 1/2 match" in real_scripts.summary_line([r, d])
+
+
+def test_image_masks_recipe_writes_rgb_images_and_grayscale_masks(tmp_path):
+    # milesial's U-Net reads N.png and N_mask.png (its mask values: the unique gray levels)
+    real_scripts.make_image_masks(tmp_path, {"data_size": 2, "image_size": 8})
+    image = (tmp_path / "data" / "imgs" / "0.png").read_bytes()
+    mask = (tmp_path / "data" / "masks" / "0_mask.png").read_bytes()
+    # IHDR: width, height, bit depth 8, colour type 2 (RGB) for the image, 0 (gray) for the mask
+    assert struct.unpack(">IIBB", image[16:26]) == (8, 8, 8, 2)
+    assert struct.unpack(">IIBB", mask[16:26]) == (8, 8, 8, 0)
+    assert sorted(p.name for p in (tmp_path / "data" / "masks").iterdir()) == ["0_mask.png", "1_mask.png"]
+
+
+def test_a_torch_hub_repository_is_laid_out_as_torch_hubs_cache(tmp_path, monkeypatch):
+    # DINO's parser calls torch.hub.list("facebookresearch/xcit:main"): a cached repository
+    # is read from TORCH_HOME/hub/OWNER_NAME_REF without the network
+    calls = []
+    monkeypatch.setattr(real_scripts, "extract", lambda mirrors, entry, dest: calls.append(
+        (entry["repo"], entry["commit"], dest)))
+    real_scripts.make_hub_cache(tmp_path / "mirrors", {"torch_hub": [
+        {"repo": "facebookresearch/xcit", "commit": "a" * 40, "ref": "main"}]}, tmp_path / "home")
+    assert calls == [("facebookresearch/xcit", "a" * 40,
+                      tmp_path / "home" / "hub" / "facebookresearch_xcit_main")]
+    hubs = [h for e in ENTRIES for h in e.get("torch_hub", [])]
+    assert hubs and all(re.fullmatch(r"[0-9a-f]{40}", h["commit"]) for h in hubs)

@@ -27,7 +27,7 @@ SHELL = ROOT / "tpukit" / "migrate" / "shell.py"
 # Keys said on code paths that only run where the target table maps what they need, which only
 # TorchTPU's does: they are in [targets.torchtpu.messages] alone.
 TORCHTPU_ONLY = {
-    "TPU117": {"renamed", "why_moved", "why_exported", "internal"},  # `rename`, `moved`, `internal`
+    "TPU117": {"why_moved", "why_exported", "internal"},  # `rename`, `moved`, `internal`
     "TPU404": {"spawn"},  # `before`: set_tpu_launch_env before mp.spawn
     "TPU408": {"mode"},  # `drop_modes`
 }

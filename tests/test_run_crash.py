@@ -84,6 +84,37 @@ def test_storm_graphs_0_lets_the_loop_go_on(tmp_path, run_cli):
     assert not [f for f in report["findings"] if f["code"] == "TPU710"]
 
 
+FALLBACK_STORM = """\
+import torch
+import torch_xla
+
+x = torch.ones(3, device=torch_xla.device())
+t = torch.zeros(3, device=torch_xla.device())
+for i in range(400):
+    t = t + x
+    counts = torch.histc(t * 1.0, 4)
+"""
+
+
+@pytest.mark.xla
+def test_a_storm_of_fallbacks_no_barrier_sees_is_stopped_at_its_line(tmp_path, run_cli):
+    # histc runs on the CPU: each call copies `t * 1.0`, one add longer each time, to the host,
+    # compiling a new graph with no barrier or host read of the script's (minGPT's sampler)
+    script = tmp_path / "sample.py"
+    script.write_text(FALLBACK_STORM)
+    out = tmp_path / "run.json"
+    proc = run_cli("run", "--json", out, "--storm-graphs", "12", script,
+                   env={"PJRT_DEVICE": "CPU"})
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["summary"]["outcome"] == "compile-storm"
+    assert report["summary"]["compiles"] < 400
+    (storm,) = [f for f in report["findings"] if f["code"] == "TPU710"]
+    assert storm["line"] in (7, 8) and storm["extra"]["graphs"] >= 12
+    assert storm["extra"]["call"] == "operation"
+    assert "TPU702" in storm["explanation"]["fix"]
+
+
 DIES = """\
 import os
 import signal

@@ -30,3 +30,21 @@ def test_only_rules_measured_to_run_as_written_say_so():
     marked = sorted(code for code, rule in load_rules().items()
                     if rule.extra.get("runs_as_written"))
     assert marked == ["TPU113", "TPU118", "TPU120"]
+
+
+OOM_RETRY = """\
+import torch
+try:
+    train(model)
+except torch.cuda.OutOfMemoryError:
+    model.use_checkpointing()
+"""
+
+
+def test_an_out_of_memory_handler_fails_nowhere_before_or_after_the_port(tmp_path):
+    # milesial's U-Net: `except torch.cuda.OutOfMemoryError` is torch's own class (it needs no
+    # CUDA); its port `torch.OutOfMemoryError` keeps a warning (XLA raises RuntimeError when
+    # memory runs out), and neither is a CUDA idiom that fails on a TPU
+    assert _idioms(tmp_path, OOM_RETRY) == []
+    assert _idioms(tmp_path, OOM_RETRY.replace("torch.cuda.", "torch.")) == []
+    assert _idioms(tmp_path, OOM_RETRY + "torch.cuda.synchronize()\n") == ["TPU112"]

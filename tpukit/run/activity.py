@@ -14,7 +14,9 @@ there), does two things:
   again every LONG_S, with what is in progress (`in_progress`), so even a SIGKILL leaves it;
 - every MAPPINGS_EVERY_S it counts the process's memory mappings, and near the kernel's limit
   (which an XLA:CPU run that compiles ~1,300 graphs reaches, and then aborts) says so on
-  stderr and in the live report (`mappings`) before the abort can.
+  stderr and in the live report (`mappings`) before the abort can;
+- each pass it calls `tick` (storm_watch.StormWatch: a compile storm no barrier or host read
+  sees is stopped from here).
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class Activity:
         # the process near the kernel's limit on memory mappings: {"mappings", "limit"}
         self.mappings: dict | None = None
         self._watcher: _Watcher | None = None
+        # asked by the watcher about once a second (storm_watch.StormWatch); None: nothing
+        self.tick: Callable[[], None] | None = None
 
     def begin(self, call: str, where: tuple[str, int] | None, new_graph: bool | None) -> None:
         if where is not None:
@@ -152,6 +156,12 @@ class _Watcher(threading.Thread):
                         self._write()
             self._maybe_write()
             self._count_mappings()
+            tick = self.activity.tick
+            if tick is not None:
+                try:
+                    tick()
+                except Exception:  # a report aid: never the reason a run fails
+                    pass
 
     def _count_mappings(self) -> None:
         now = time.perf_counter()

@@ -139,9 +139,12 @@ def storm_findings(probe: Probe, script: str) -> list[RunFinding]:
     why = (f"the process holds {near['mappings']:,} memory mappings of the kernel's "
            f"{near['limit']:,}, where XLA:CPU dies" if near else
            f"{storm['limit']} new graphs in one step is --storm-graphs")
-    message = load_rules()["TPU710"].say("xla", "storm", step=storm["step"],
-                                         graphs=storm["graphs"], at_line=storm["at_line"],
-                                         call=storm["call"], why=why)
+    rule = load_rules()["TPU710"]
+    values = dict(step=storm["step"], graphs=storm["graphs"], at_line=storm["at_line"],
+                  call=storm["call"], why=why)
+    # where no barrier or host read compiled them (storm_watch.py), there is no line count
+    message = rule.say("xla", "storm", **values) if storm["at_line"] is not None \
+        else rule.say("xla", "storm_op", **values)
     where = (storm["path"], storm["line"]) if storm["path"] else (script, 1)
     return [finding("TPU710", message.what, where, cause=message.cause, fix=message.fix,
                     fails_on="recompile", **{k: v for k, v in storm.items()

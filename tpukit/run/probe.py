@@ -74,6 +74,7 @@ class Probe:
         # (call, path, line) -> compiles there in the current step; what stopped the run
         self.compiling: dict[tuple[str, str, int], int] = {}
         self.storm: dict | None = None
+        self.storm_watch = None  # storm_watch.StormWatch, set by install
 
     @property
     def models(self) -> set[str]:
@@ -92,6 +93,10 @@ class Probe:
             self._patches.append(patch)
         self._base = self.counters.snapshot()
         self.current = Step(1, time.perf_counter())
+        from tpukit.run.storm_watch import StormWatch
+
+        self.storm_watch = StormWatch(self)
+        self.activity.tick = self.storm_watch
         self._begin(1)
         self._arm_tracer()
         self._set_ir_debug()
@@ -194,6 +199,8 @@ class Probe:
 
     def finish(self) -> None:
         """Close the steps at the end of the script (what ran after the last boundary)."""
+        if self.storm_watch is not None:
+            self.storm_watch.disarm()
         if self._patches:
             self.close_step("end", None, final=True)
 

@@ -103,13 +103,15 @@ class Transform:
                         applied=False, fix=FixKind.NONE, severity=Severity.WARNING)
         return True
 
-    def fix_or_report(self, node: cst.CSTNode, message: str, build, fix: FixKind | None = None):
+    def fix_or_report(self, node: cst.CSTNode, message: str, build, fix: FixKind | None = None,
+                      **extra):
         """Report `node`; return `build()` when this rule may fix it here, else None. `fix`: this
         finding's kind where it differs from the rule's (`.half()` outside a training script
-        is an unsafe fix of a rule that is safe in one)."""
+        is an unsafe fix of a rule that is safe in one); `extra`: the finding's."""
         fixable = self.rule.maps(self.ctx.target) and self.ctx.can_fix(self.rule, fix)
         replacement = build() if fixable else None
-        self.ctx.report(self.rule, node, message, applied=replacement is not None, fix=fix)
+        self.ctx.report(self.rule, node, message, applied=replacement is not None, fix=fix,
+                        **extra)
         return replacement
 
 

@@ -11,13 +11,29 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tpukit.findings import FixKind
+from tpukit.findings import FixKind, Severity
 from tpukit.migrate.transforms.base import Transform, transform
 
 
 @transform("TPU117")
 class UnmappedCudaApi(Transform):
-    table_keys = frozenset({"exported", "internal", "moved", "rename"})
+    table_keys = frozenset({"aliases", "exported", "internal", "moved", "oom_errors", "rename"})
+
+    def visit_ExceptHandler(self, node: cst.ExceptHandler):
+        # `except torch.OutOfMemoryError` (either spelling): a handler XLA never enters
+        errors = self.mapping.get("oom_errors")
+        if not errors or node.type is None:
+            return None
+        types = [e.value for e in node.type.elements] if isinstance(node.type, cst.Tuple) \
+            else [node.type]
+        for expr in types:
+            name = self.ctx.qualify(expr)
+            if name in errors:
+                self.ctx.report(self.rule, node, self.say("oom_handler", name=name), False,
+                                fix=FixKind.NONE, severity=Severity.WARNING,
+                                runs_as_written=True)
+                return None
+        return None
     def visit_Attribute(self, node: cst.Attribute):
         ctx = self.ctx
         if ctx.in_import:
@@ -41,7 +57,11 @@ class UnmappedCudaApi(Transform):
         rest = name[len("torch.cuda."):]
         head = rest.split(".")[0]
         moved = self.mapping.get("moved", {})
-        if head in moved:
+        aliases = self.mapping.get("aliases", {})
+        if head in aliases:
+            new = aliases[head] + rest[len(head):]
+            why = self.say("why_alias", name=name, new=new)
+        elif head in moved:
             new = moved[head] + rest[len(head):]
             why = self.say("why_moved", module=self.mapping["rename"], name=head, call=moved[head])
         elif "rename" in self.mapping and head in self.mapping["exported"]:
@@ -57,8 +77,10 @@ class UnmappedCudaApi(Transform):
         else:
             self._report(node, name)
             return None
+        # an alias is the same object on a TPU host: it runs there as written (not counted by
+        # `tpukit run`'s leftover-CUDA check)
         return self.fix_or_report(node, self.say("renamed", name=name, new=new, why=why),
-                                  lambda: self.ctx.expr(new))
+                                  lambda: self.ctx.expr(new), runs_as_written=head in aliases)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         # `from torch.cuda import Stream` then `Stream()`: a bare name. Checked on leave, when

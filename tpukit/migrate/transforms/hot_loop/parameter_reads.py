@@ -9,6 +9,12 @@ passed vm.max_map_count and died in LLVM). Two ports, by what the loop does:
 
 - the guard of a scale by a factor at most 1 (`if c < 1: t.mul_(c)`) is the clamp torch's own
   `clip_grad_norm_` uses (`t.mul_(torch.clamp(c, max=1.0))`): no read, the same values;
+- on torch_xla, a read whose value is only appended to a list made empty just before the loop
+  (`norms.append(n.item())`, `norms` read nowhere else in the loop) appends the tensor, and the
+  list is read after the loop, after one barrier (`torch_xla.sync()` then `norms = [t.item()
+  for t in norms]`): the same floats, and no read between the loop's in-place updates (each
+  read in the loop ran a graph holding every scale before it: DINO's clipping compiled 67
+  graphs a step, growing from 10 to 1,533 instructions);
 - on torch_xla, a barrier before the loop when reads stay: the pending step runs once, and each
   read then copies a tensor that is already computed (a small graph per distinct shape).
 
@@ -76,6 +82,9 @@ class ParameterReads(Transform):
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         self.before: set[int] = set()  # id(For) that get a barrier before them
+        self.after: dict[int, list[tuple[str, int]]] = {}  # id(For) -> (list, id(read))
+        self.deferred: set[int] = set()  # id(Call) of the `.item()` reads to append as tensors
+        self.rewritten: set[int] = set()  # ... and of those leave_Call rewrote
 
     def _tensor(self, expr: cst.BaseExpression) -> bool:
         """Does `expr` hold a tensor (a comparison: one of a tensor's values; `p.grad is not
@@ -139,14 +148,53 @@ class ParameterReads(Transform):
         if not self.mapping.get("insert"):
             return
         previous = None
-        for stmt in body:
-            if isinstance(stmt, cst.For) and _over_parameters(stmt) \
-                    and not self._after_barrier(previous):
+        for index, stmt in enumerate(body):
+            if isinstance(stmt, cst.For) and _over_parameters(stmt):
                 reads = _Reads(self, self._guards_in(stmt))
                 scan(stmt.body, reads)
-                if reads.reads:
+                deferred = self._deferrable(stmt, body[:index], reads.reads)
+                if deferred:
+                    self.after[id(stmt)] = [(name, id(call)) for name, call in deferred]
+                    self.deferred.update(id(call) for _, call in deferred)
+                left = [r for r in reads.reads if id(r) not in self.deferred]
+                if left and not self._after_barrier(previous):
                     self.before.add(id(stmt))
             previous = stmt
+
+    def _deferrable(self, loop: cst.For, before, reads) -> list[tuple[str, cst.Call]]:
+        """The reads `L.append(x.item())` of the loop whose list `L` was bound to `[]` by the
+        last statement before the loop that binds it, and that the loop uses only to append
+        those reads: (L, the `.item()` call) for each."""
+        appends: dict[str, list[cst.Call]] = {}
+        read_ids = {id(r) for r in reads}
+        transform = self
+
+        class Appends(cst.CSTVisitor):
+            def visit_FunctionDef(self, node) -> bool:
+                return False
+
+            def visit_Expr(self, node: cst.Expr) -> None:
+                call = node.value
+                if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+                        and call.func.attr.value == "append"
+                        and isinstance(call.func.value, cst.Name) and len(call.args) == 1
+                        and call.args[0].keyword is None and call.args[0].star == ""):
+                    return
+                read = call.args[0].value
+                if (isinstance(read, cst.Call) and id(read) in read_ids
+                        and isinstance(read.func, cst.Attribute) and read.func.attr.value == "item"
+                        and transform._tensor(read.func.value)):
+                    appends.setdefault(call.func.value.value, []).append(read)
+
+        scan(loop.body, Appends())
+        found = []
+        for name, calls in appends.items():
+            uses = _Uses(name)
+            scan(loop.body, uses)
+            scan(loop.target, uses)
+            if uses.count == len(calls) and _made_empty(name, before):
+                found += [(name, call) for call in calls]
+        return found
 
     def _after_barrier(self, stmt) -> bool:
         if not isinstance(stmt, cst.SimpleStatementLine):
@@ -172,15 +220,71 @@ class ParameterReads(Transform):
         return self.fix_or_report(original, self.say("clamp", code=code, factor=factor.value),
                                   build)
 
-    def leave_For(self, original: cst.For, updated: cst.For):
-        if id(original) not in self.before:
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        if id(original) not in self.deferred:
             return None
+        fixed = self.fix_or_report(original, self.say("deferred", code=self.ctx.short(original)),
+                                   lambda: updated.func.value)  # the tensor, read after the loop
+        if fixed is not None:
+            self.rewritten.add(id(original))
+        return fixed
+
+    def leave_For(self, original: cst.For, updated: cst.For):
+        before = id(original) in self.before
         self.before.discard(id(original))
-        code = self.ctx.short(original.iter)
+        # the lists whose reads leave_Call deferred: read after the loop, after one barrier
+        lists = list(dict.fromkeys(name for name, read in self.after.pop(id(original), [])
+                                   if read in self.rewritten))
+        after = [cst.SimpleStatementLine([cst.Expr(self.ctx.expr("torch_xla.sync()"))])] + [
+            cst.parse_statement(f"{name} = [t.item() for t in {name}]") for name in lists] \
+            if lists else []
+        if not before:
+            return cst.FlattenSentinel([updated, *after]) if after else None
 
         def build():
             sync = cst.SimpleStatementLine([cst.Expr(self.ctx.expr("torch_xla.sync()"))],
                                            leading_lines=updated.leading_lines)
-            return cst.FlattenSentinel([sync, updated.with_changes(leading_lines=())])
+            return cst.FlattenSentinel([sync, updated.with_changes(leading_lines=()), *after])
 
-        return self.fix_or_report(original, self.say("barrier", code=code), build)
+        fixed = self.fix_or_report(original, self.say("barrier", code=self.ctx.short(original.iter)),
+                                   build)
+        return cst.FlattenSentinel([updated, *after]) if fixed is None and after else fixed
+
+
+class _Uses(cst.CSTVisitor):
+    """How many times a loop names `name` (a nested function's body aside: it runs later)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.count = 0
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value == self.name:
+            self.count += 1
+
+    def visit_Lambda(self, node) -> bool:
+        return False
+
+
+def _made_empty(name: str, before) -> bool:
+    """Is the last statement of `before` that binds `name` `name = []`?"""
+    for stmt in reversed(before):
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            if _binds(stmt, name):
+                return False
+            continue
+        for small in reversed(stmt.body):
+            if isinstance(small, cst.Assign) and len(small.targets) == 1 \
+                    and isinstance(small.targets[0].target, cst.Name) \
+                    and small.targets[0].target.value == name:
+                return isinstance(small.value, cst.List) and not small.value.elements
+            if _binds(small, name):
+                return False
+    return False
+
+
+def _binds(node: cst.CSTNode, name: str) -> bool:
+    """Does `node` name `name` anywhere (a binding the simple test above cannot read)?"""
+    uses = _Uses(name)
+    scan(node, uses)
+    return uses.count > 0
