@@ -296,3 +296,25 @@ def test_a_program_call_the_migrate_rules_port_is_named_with_the_rule(tmp_path):
     assert found[6]["extra"]["ported_by"] == "TPU401"
     assert "ports this line (TPU401)" in found[6]["explanation"]["cause"]
     assert found[7]["extra"]["ported_by"] in ("TPU101", "TPU102", "TPU402")
+
+
+def test_sync_batchnorm_in_one_process_is_batchnorm_on_the_cpu(tmp_path):
+    """DINO's original under `--to cpu`: convert_sync_batchnorm then DDP, which refuses
+    SyncBatchNorm on any device but CUDA; in one process the conversion leaves BatchNorm (what
+    SyncBatchNorm computes there)."""
+    script = tmp_path / "sbn.py"
+    script.write_text(
+        "import os\nimport torch\nimport torch.distributed as dist\n"
+        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='29547')\n"
+        "dist.init_process_group('nccl', rank=0, world_size=1)\n"
+        "net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).cuda()\n"
+        "net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)\n"
+        "ddp = torch.nn.parallel.DistributedDataParallel(net, device_ids=[0])\n"
+        "ddp(torch.randn(2, 3, 8, 8).cuda()).sum().backward()\n"
+        "print(type(net[1]).__name__, next(ddp.parameters()).device)\n")
+    proc = subprocess.run([sys.executable, "-m", "tpukit.shim", "--to", "cpu", str(script)],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1].split() == ["BatchNorm2d", "cpu"]
+    assert "SyncBatchNorm's kernels are CUDA's" in proc.stderr
+    assert torch.nn.SyncBatchNorm.convert_sync_batchnorm.__func__.__name__ == "convert_sync_batchnorm"

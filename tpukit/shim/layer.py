@@ -19,6 +19,7 @@ import tomllib
 import torch
 
 from tpukit.run.patches.base import Patch
+from tpukit.shim.batchnorm import sync_batchnorm
 from tpukit.shim.sites import CallSites
 
 _DEVICE_TYPES = (str, torch.device, int)
@@ -495,6 +496,7 @@ class Layer(Patch):
 
         self._adjusted(distributed_c10d, "init_process_group", process_group, dist)
         self._adjusted(DistributedDataParallel, "__init__", device_ids)
+        sync_batchnorm(self, dist)
 
     # -- torch.load ------------------------------------------------------------------------
 
