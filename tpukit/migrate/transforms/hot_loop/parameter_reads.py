@@ -11,8 +11,8 @@ passed vm.max_map_count and died in LLVM). Two ports, by what the loop does:
   `clip_grad_norm_` uses (`t.mul_(torch.clamp(c, max=1.0))`): no read, the same values;
 - on torch_xla, a read whose value is only appended to a list made empty just before the loop
   (`norms.append(n.item())`, `norms` read nowhere else in the loop) appends the tensor, and the
-  list is read after the loop, after one barrier (`torch_xla.sync()` then `norms = [t.item()
-  for t in norms]`): the same floats, and no read between the loop's in-place updates (each
+  list is read after the loop, after one barrier (`torch_xla.sync()` then `norms[:] = [t.item()
+  for t in norms]`, in place: the same list object): the same floats, and no read between the loop's in-place updates (each
   read in the loop ran a graph holding every scale before it: DINO's clipping compiled 67
   graphs a step, growing from 10 to 1,533 instructions);
 - on torch_xla, a barrier before the loop when reads stay: the pending step runs once, and each
@@ -236,7 +236,7 @@ class ParameterReads(Transform):
         lists = list(dict.fromkeys(name for name, read in self.after.pop(id(original), [])
                                    if read in self.rewritten))
         after = [cst.SimpleStatementLine([cst.Expr(self.ctx.expr("torch_xla.sync()"))])] + [
-            cst.parse_statement(f"{name} = [t.item() for t in {name}]") for name in lists] \
+            cst.parse_statement(f"{name}[:] = [t.item() for t in {name}]") for name in lists] \
             if lists else []
         if not before:
             return cst.FlattenSentinel([updated, *after]) if after else None
@@ -252,7 +252,8 @@ class ParameterReads(Transform):
 
 
 class _Uses(cst.CSTVisitor):
-    """How many times a loop names `name` (a nested function's body aside: it runs later)."""
+    """How many times code names `name`, nested functions and lambdas included (a closure that
+    reads the list may run before the reads after the loop)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -261,9 +262,6 @@ class _Uses(cst.CSTVisitor):
     def visit_Name(self, node: cst.Name) -> None:
         if node.value == self.name:
             self.count += 1
-
-    def visit_Lambda(self, node) -> bool:
-        return False
 
 
 def _made_empty(name: str, before) -> bool:
