@@ -2,8 +2,8 @@
 
 `Probe.compiled` stops a storm where a barrier or host read compiles (steps.CompileStorm), in
 the main thread, with the line. Graphs also compile where no such hook runs: a CPU fallback
-copies its inputs to the host (minGPT's sampler: `torch.topk`/`multinomial` of a sequence one
-token longer each time, a graph per token), a library runs a graph of its own. Those compiles
+copies its inputs to the host, a library runs a graph of its own (minGPT's sampler, a sequence
+one token longer each time, compiled a graph per token at mingpt/model.py:299). Those compiles
 went on until XLA:CPU passed the kernel's limit on memory mappings and died of SIGSEGV. So the
 activity watcher (activity.py, a thread that runs while the main thread is inside XLA) asks
 this watch about once a second: where the current step has compiled `storm_graphs` graphs
