@@ -248,6 +248,40 @@ def make_cora(cwd: Path, entry: dict) -> None:
             f.write(f"{rng.choice(ids)}\t{rng.choice(ids)}\n")
 
 
+def make_sft_jsonl(cwd: Path, entry: dict) -> None:
+    """Chat fine-tuning data as JSON lines (`data_file`): {"conversations": [{"role": "user",
+    "content": ...}, {"role": "assistant", "content": ...}]}, `data_size` conversations."""
+    path = cwd / entry.get("data_file", "data.jsonl")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = _rng(entry)
+    with open(path, "w") as f:
+        for _ in range(entry.get("data_size", 8)):
+            turns = [{"role": "user", "content": " ".join(_words(rng, 8)) + "?"},
+                     {"role": "assistant", "content": " ".join(_words(rng, 16)) + "."}]
+            f.write(json.dumps({"conversations": turns}) + "\n")
+
+
+def make_wave_feats(cwd: Path, entry: dict) -> None:
+    """Vocoder training pairs as NumPy files, per split (`splits`) under `data_dir`:
+    UTT-wave.npy (float32 samples, `frames` x `hop` long) and UTT-feats.npy (`frames` x `mels`
+    log-mel-like features), `data_size` utterances each: the dump ParallelWaveGAN's recipes
+    write with `format: npy`. A feature frame follows its samples' energy, so it can be learned."""
+    import numpy as np
+    rng = np.random.default_rng(entry.get("data_seed", 0))
+    hop, frames, mels = entry.get("hop", 16), entry.get("frames", 32), entry.get("mels", 20)
+    for split in entry.get("splits", ["train", "dev"]):
+        folder = cwd / entry.get("data_dir", "dump") / split
+        folder.mkdir(parents=True, exist_ok=True)
+        for k in range(entry.get("data_size", 4)):
+            t = np.arange(frames * hop) / 16_000
+            wave = (0.3 * np.sin(2 * np.pi * rng.uniform(100, 800) * t)
+                    * np.repeat(rng.uniform(0.1, 1.0, frames), hop)).astype(np.float32)
+            energy = np.log(np.abs(wave.reshape(frames, hop)).mean(1) + 1e-5)
+            feats = (energy[:, None] + 0.1 * rng.standard_normal((frames, mels))).astype(np.float32)
+            np.save(folder / f"utt{k:03d}-wave.npy", wave)
+            np.save(folder / f"utt{k:03d}-feats.npy", feats)
+
+
 def make_nothing(cwd: Path, entry: dict) -> None:
     """The script makes its own data (FakeData, torch.randn, a generator in the repo)."""
 
@@ -261,6 +295,8 @@ RECIPES = {
     "cifar10": make_cifar10,
     "image_masks": make_image_masks,
     "cora": make_cora,
+    "sft_jsonl": make_sft_jsonl,
+    "wave_feats": make_wave_feats,
     "none": make_nothing,
 }
 
@@ -621,11 +657,18 @@ def run_entry(entry: dict, mirrors: Path, work: Path, python: str, sites: list[P
     script_rel = os.path.relpath(entry["path"], cwd_rel)
     args = [str(a) for a in entry.get("args", [])]
     if not r.needs_edit:
-        RECIPES[entry.get("data", "none")](orig / cwd_rel, entry)
-        RECIPES[entry.get("data", "none")](port / cwd_rel, entry)
+        for tree in (orig, port):
+            RECIPES[entry.get("data", "none")](tree / cwd_rel, entry)
+            for name, text in entry.get("files", {}).items():
+                (tree / cwd_rel / name).parent.mkdir(parents=True, exist_ok=True)
+                (tree / cwd_rel / name).write_text(text)
     if entry.get("torch_hub"):
         make_hub_cache(mirrors, entry, work / "torch_home")
         entry = {**entry, "env": {**entry.get("env", {}), "TORCH_HOME": str(work / "torch_home")}}
+    # verify starts from the trees as they were before any run (a script that resumes from its
+    # own output folder would otherwise resume the plain runs' checkpoints)
+    clean = work / "verify-trees"
+    shutil.copytree(orig, clean / "original", symlinks=True)
     if not r.needs_edit and not verify_only:
         env = base_env(entry, orig, sites, seed_dir)
         # original_shim: the original runs under the runtime layer sent to the CPU (CUDA in an
@@ -656,6 +699,7 @@ def run_entry(entry: dict, mirrors: Path, work: Path, python: str, sites: list[P
     except (json.JSONDecodeError, KeyError):
         r.parse_error = (done.stderr.strip().splitlines() or ["no JSON from tpukit migrate"])[-1]
     r.parses = r.migrate_exit != 2 and not r.parse_error
+    shutil.copytree(port, clean / "port", symlinks=True)
     for path in _python_files(port, targets):
         try:
             compile(path.read_text(), str(path), "exec")
@@ -674,7 +718,8 @@ def run_entry(entry: dict, mirrors: Path, work: Path, python: str, sites: list[P
         pass
 
     if verify_only and not r.needs_edit and r.parses:
-        verify_entry(r, entry, orig, port, cwd_rel, args, work, python, sites, seed_dir, timeout)
+        verify_entry(r, entry, clean / "original", clean / "port", cwd_rel, args, work, python,
+                     sites, seed_dir, timeout)
     elif not r.needs_edit and r.parses:
         report_path = work / "run.json"
         env["PJRT_DEVICE"] = "CPU"
@@ -735,8 +780,8 @@ def run_entry(entry: dict, mirrors: Path, work: Path, python: str, sites: list[P
         if steps == 0:
             r.loss, r.loss_detail = "n/a", "the script prints no loss"
         if r.migrated.status in ("ok", "stopped"):
-            verify_entry(r, entry, orig, port, cwd_rel, args, work, python, sites, seed_dir,
-                         timeout)
+            verify_entry(r, entry, clean / "original", clean / "port", cwd_rel, args, work,
+                         python, sites, seed_dir, timeout)
     r.reason = reason_of(r)
     return r
 
@@ -793,8 +838,10 @@ def main() -> int:
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="run only this script (by name; repeatable, or comma-separated)")
     parser.add_argument("--json", type=Path, help="also write every result as JSON here")
-    parser.add_argument("--site", type=Path, action="append", default=[],
-                        help="a folder with the scripts' own dependencies (torchvision, pillow, tqdm)")
+    parser.add_argument("--site", action="append", default=[], metavar="[NAME=]DIR",
+                        help="a folder with the scripts' own dependencies (torchvision, pillow, "
+                             "tqdm); NAME=DIR: only for the entries whose `site` is NAME, before "
+                             "the others (their pins shadow the shared folder's)")
     parser.add_argument("--python", default=sys.executable, help="the interpreter (with torch, torch_xla)")
     parser.add_argument("--timeout", type=float, default=180, help="seconds per run (a manifest entry may say)")
     parser.add_argument("--keep", type=Path, help="keep each script's folders and logs under this folder")
@@ -808,13 +855,18 @@ def main() -> int:
         if unknown:
             parser.error(f"not in the manifest: {', '.join(sorted(unknown))}")
         entries = [e for e in entries if e["name"] in only]
+    shared = [Path(x) for x in args.site if "=" not in x]
+    named = dict((k, Path(v)) for k, v in (x.split("=", 1) for x in args.site if "=" in x))
     results = []
     started = datetime.now(timezone.utc)
     for entry in entries:
         work = Path(tempfile.mkdtemp(prefix=f"corpus-{entry['name']}-"))
         print(f"... {entry['name']} ({entry['repo']}:{entry['path']})", file=sys.stderr, flush=True)
         try:
-            result = run_entry(entry, args.mirrors, work, args.python, args.site, args.timeout,
+            if entry.get("site") and entry["site"] not in named:
+                raise OSError(f"needs --site {entry['site']}=DIR (its own pins, see the manifest)")
+            sites = ([named[entry["site"]]] if entry.get("site") else []) + shared
+            result = run_entry(entry, args.mirrors, work, args.python, sites, args.timeout,
                                args.verify_only)
         except (OSError, subprocess.CalledProcessError) as exc:
             result = Result(name=entry["name"], repo=entry["repo"], path=entry["path"],

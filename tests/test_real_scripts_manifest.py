@@ -46,6 +46,29 @@ def test_entry_is_complete(entry):
         assert entry.get("device_rng"), "say why fewer losses are compared"
     for key in ("args", "original_args", "port_args", "tree", "migrate", "pythonpath"):
         assert all(isinstance(x, str) for x in entry.get(key, []))
+    for name, text in entry.get("files", {}).items():
+        assert not Path(name).is_absolute() and ".." not in Path(name).parts
+        assert isinstance(text, str) and text.strip()
+    assert re.fullmatch(r"[\w-]+", entry.get("site", "shared")), "a site is a --site NAME"
+
+
+def test_sft_jsonl_recipe_writes_conversations(tmp_path):
+    import json
+    real_scripts.make_sft_jsonl(tmp_path / "trainer", {"data_file": "../dataset/d.jsonl",
+                                                      "data_size": 3})
+    rows = [json.loads(line) for line in (tmp_path / "dataset" / "d.jsonl").read_text().splitlines()]
+    assert len(rows) == 3
+    assert [t["role"] for t in rows[0]["conversations"]] == ["user", "assistant"]
+
+
+def test_wave_feats_recipe_writes_matching_waves_and_features(tmp_path):
+    np = pytest.importorskip("numpy")
+    real_scripts.make_wave_feats(tmp_path, {"data_dir": "dump", "data_size": 2, "hop": 4,
+                                            "frames": 5, "mels": 3})
+    for split in ("train", "dev"):
+        wave = np.load(tmp_path / "dump" / split / "utt001-wave.npy")
+        feats = np.load(tmp_path / "dump" / split / "utt001-feats.npy")
+        assert wave.dtype == np.float32 and wave.shape == (20,) and feats.shape == (5, 3)
 
 
 def test_compare_losses_within_tolerance():

@@ -168,6 +168,16 @@ def test_a_bfloat16_port_is_compared_with_the_bfloat16_tolerance(tmp_path, run_c
     assert summary["sides"]["port"]["low_precision"] == ["bfloat16"]
     assert summary["sides"]["original"]["low_precision"] == []
     assert summary["rtol"] == 5e-2 and "bfloat16" in summary["rtol_basis"]
+
+
+@pytest.mark.xla
+def test_the_autocast_of_a_forward_given_a_list_of_tensors_is_seen(tmp_path, run_cli):
+    # DINO's student takes a list of crops: its autocast is the XLA device's, not the CPU's
+    # (verify said "both compute in float32" of its bfloat16 port)
+    summary = _verify(run_cli, tmp_path, str(SCRIPT), "--steps", "3", "--", "--amp", "--crops",
+                      rc=0)
+    assert summary["sides"]["port"]["low_precision"] == ["bfloat16"]
+    assert "bfloat16" in summary["rtol_basis"]
     assert 1e-6 < summary["max_rel_diff"] < 5e-2
 
 

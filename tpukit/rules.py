@@ -40,8 +40,9 @@ _ENGINE_KEYS = {"runner": {"fixes"}, "cuda-only-import": {"modules"}}
 # A target table (`[targets.xla]`): the keys the transforms read.
 _TARGET_KEYS = frozenset({
     "aliases", "attribute", "at_import", "backend", "before", "bucket_view", "calls", "device_type", "drop",
-    "drop_modes", "env", "exported", "expression", "fix", "helper", "imports", "insert", "instead",
-    "internal", "keep_returned", "message", "messages", "move_to", "moved", "note", "oom_errors", "remove", "rename",
+    "drop_modes", "env", "equivalents", "exported", "expression", "fix", "helper", "imports",
+    "insert", "instead",
+    "internal", "keep_returned", "lowered", "message", "messages", "move_to", "moved", "note", "oom_errors", "remove", "rename",
     "rendezvous_env", "replace", "skip", "world_size",
 })
 # Of those, the keys any rule's table may hold: what the rule does in words (shown by `tpukit

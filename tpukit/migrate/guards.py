@@ -18,7 +18,8 @@ import libcst as cst
 from tpukit.findings import FixKind
 from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.analysis.catalog import cuda_catalog
-from tpukit.migrate.analysis.cuda_only import CUDA_WORD, cuda_library, cuda_package
+from tpukit.migrate.analysis.cuda_only import (CUDA_WORD, cuda_library, cuda_package,
+                                                ported_import, ported_names)
 from tpukit.migrate.analysis.unported import (cuda_under_flag, flag_deciding_cuda, flag_key,
                                               flag_name)
 from tpukit.migrate.context import MigrationContext, dotted, is_cuda_device_string, string_value
@@ -437,15 +438,15 @@ class _ResidualCuda(cst.CSTVisitor):
             # float16 chosen because a GPU is there (transformers' AQLM quantizer: "CUDA
             # available. ... loading the model in torch.float16"): a TPU computes in bfloat16
             half = self.half and name in _HALF
-            if name == "torch.cuda" or name.startswith("torch.cuda.") or cuda_library(name) \
-                    or half:
+            if name == "torch.cuda" or name.startswith("torch.cuda.") or half or (
+                    cuda_library(name) and name not in ported_names(self.ctx)):
                 self.found = self.ctx.short(node)
                 return False
         elif isinstance(node, (cst.Import, cst.ImportFrom)):
             modules = ([dotted(node.module) or ""] if isinstance(node, cst.ImportFrom)
                        else [dotted(a.name) or "" for a in node.names])
             hit = next((m for m in modules if cuda_library(m)), None)
-            if hit is not None:
+            if hit is not None and not ported_import(self.ctx, node):
                 self.found = f"import {hit}"  # `import fla`, `from apex import amp`
             return False
         elif isinstance(node, cst.Assign) and _is_device_index(self.ctx, node):

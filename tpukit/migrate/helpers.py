@@ -210,6 +210,20 @@ class _TpuModuleHolder(torch.nn.DataParallel):
     def forward(self, *inputs, **kwargs):
         return self.module(*inputs, **kwargs)
 ''',
+    "_xla_weight_norm": '''
+def _xla_weight_norm(module):
+    """weight_norm on XLA (inserted by tpukit): torch_xla has no kernel for the fused weight
+    norm, `aten::_weight_norm_interface` (its forward and backward run on the CPU, each
+    cutting the step's graph); the composite form torch computes it by elsewhere,
+    v * (g / ||v||), lowers. Registered once for the XLA device; `module` is returned."""
+    global _XLA_WEIGHT_NORM
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_weight_norm", "AutogradXLA"):
+        _XLA_WEIGHT_NORM = torch.library.Library("aten", "IMPL")
+        _XLA_WEIGHT_NORM.impl(
+            "_weight_norm", lambda v, g, dim=0: v * (g / torch.norm_except_dim(v, 2, dim)),
+            "AutogradXLA")
+    return module
+''',
     "_tensor_on_host": '''
 def _tensor_on_host(value):
     """What a loop reads element by element to the host, copied there at once (inserted by
@@ -227,6 +241,7 @@ IMPORTS_OF: dict[str, tuple[str, ...]] = {**{name: () for name, _ in library_mod
                                           "_XlaTimingEvent": ("xm", "torch_xla"),
                                           "_inputs_to_device": ("torch",),
                                           "_tensor_on_host": ("torch",),
+                                          "_xla_weight_norm": ("torch",),
                                           "_TpuModuleHolder": ("torch",),
                                           "_tensors_to": ("torch",),
                                           "_xla_sync_batchnorm": ("torch", "xm", "xr"),

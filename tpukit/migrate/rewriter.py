@@ -10,7 +10,7 @@ import libcst as cst
 from tpukit.findings import FixKind
 from tpukit.migrate import library_mode
 from tpukit.migrate.context import MigrationContext, dotted
-from tpukit.migrate.analysis.cuda_only import cuda_only_function, cuda_only_try
+from tpukit.migrate.analysis.cuda_only import cuda_only_function, cuda_only_try, ported_import
 from tpukit.migrate.guards import (
     library_cuda_choice,
     restore_after,
@@ -74,6 +74,12 @@ class Rewriter(cst.CSTTransformer):
         elif node_type is cst.ImportFrom:
             ctx.add_import_from(node)
             ctx.in_import = True
+            module = ported_import(ctx, node)
+            if module is not None:  # Apex's DistributedDataParallel is torch's from here on
+                for alias in node.names:
+                    bound = alias.asname.name if alias.asname else alias.name
+                    if isinstance(bound, cst.Name):
+                        ctx.names.aliases[bound.value] = f"{module}.{dotted(alias.name)}"
         elif node_type is cst.FormattedString:
             ctx.fstring_quotes.append(node.quote)
         elif node_type is cst.Assign:
@@ -81,7 +87,7 @@ class Rewriter(cst.CSTTransformer):
         elif node_type is cst.FunctionDef or node_type is cst.Lambda:
             ctx.functions.append(node)
         why = (cuda_only_function(node, ctx) if node_type is cst.FunctionDef
-               else cuda_only_try(node, ctx.path) if node_type is cst.Try
+               else cuda_only_try(node, ctx.path, ctx) if node_type is cst.Try
                else library_cuda_choice(ctx, node) if node_type in _CHOICES else None)
         if why:
             ctx.cuda_only.append(why)

@@ -234,7 +234,11 @@ class Recorder:
                                     for name, m in module.named_modules()})
             if self.step == self.locate and self._parameter_squares is None:
                 self._parameter_squares = [_squares(p) for p in module.parameters()]
-            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            # the device the forward computes on: its first tensor input's, nested ones too
+            # (DINO's student takes a list of crops), else its parameters'
+            first = _first_tensor(args)
+            if first is None:
+                first = next(module.parameters(), None)
             device = first.device.type if first is not None else "cpu"
             self.devices.add(device)
             for kind in {device, "cpu"}:

@@ -12,7 +12,7 @@ import libcst as cst
 from tpukit.migrate.analysis.catalog import cuda_catalog, under
 from tpukit.migrate.analysis.cuda_code import cuda_extensions
 from tpukit.migrate.context import MigrationContext, dotted, string_value
-from tpukit.migrate.nodes import first
+from tpukit.migrate.nodes import first, walk
 from tpukit.rules import engine_say, load_rules
 
 
@@ -25,7 +25,7 @@ def cuda_only_function(node: cst.FunctionDef, ctx: MigrationContext | None = Non
     body imports a CUDA-only library (TensorRT calibration, a triton kernel's launcher), or, in
     library code, it picks among other vendors' devices (`_vendor_dispatch`). What it is
     called says nothing."""
-    why = _overrides_cuda(node, ctx) or _importing(node)
+    why = _overrides_cuda(node, ctx) or _importing(node, ctx)
     if why is None and ctx is not None and ctx.owner_leaves("guards", "vendor_dispatch"):
         why = ctx.memo(("vendor_dispatch", id(node)), lambda: _vendor_dispatch(ctx, node))
     return why
@@ -59,12 +59,14 @@ def _vendor_dispatch(ctx: MigrationContext, node: cst.FunctionDef) -> str | None
     return engine_say("migrate", "why_vendor_dispatch", name=node.name.value, other=said)
 
 
-def _importing(node: cst.FunctionDef) -> str | None:
+def _importing(node: cst.FunctionDef, ctx: MigrationContext | None = None) -> str | None:
     body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
     for stmt in body:
         if not isinstance(stmt, cst.SimpleStatementLine):
             continue
         for small in stmt.body:
+            if ported_import(ctx, small):
+                continue
             modules = ([dotted(small.module) or ""] if isinstance(small, cst.ImportFrom)
                        and not small.relative else [dotted(a.name) or "" for a in small.names]
                        if isinstance(small, cst.Import) else [])
@@ -75,7 +77,7 @@ def _importing(node: cst.FunctionDef) -> str | None:
     return None
 
 
-def cuda_only_try(node: cst.Try, path: str = "") -> str | None:
+def cuda_only_try(node: cst.Try, path: str = "", ctx: MigrationContext | None = None) -> str | None:
     """Why a `try:` block is CUDA-only code: it starts by importing a CUDA extension (one the
     package's build script builds with torch's CUDAExtension: fairscale's `try: from
     fairscale import fused_adam_cuda` around its FusedAdam, which an ImportError hides where
@@ -85,7 +87,7 @@ def cuda_only_try(node: cst.Try, path: str = "") -> str | None:
         else None
     imports = opening.body if isinstance(opening, cst.SimpleStatementLine) else ()
     for small in imports:
-        if not isinstance(small, (cst.Import, cst.ImportFrom)):
+        if not isinstance(small, (cst.Import, cst.ImportFrom)) or ported_import(ctx, small):
             continue
         for name in imported_modules(small, full=True):
             if name in extensions or cuda_library(name) or cuda_catalog().cuda_torch_name(name):
@@ -108,6 +110,71 @@ def imported_modules(node: cst.Import | cst.ImportFrom, full: bool = False) -> l
 def cuda_package(value: str | None) -> bool:
     """A string that is the exact name of a CUDA-only distribution (rules/catalog/cuda.toml)."""
     return value is not None and value in cuda_catalog().cuda_only_packages
+
+
+@functools.cache
+def cuda_only_equivalents(target: str) -> dict[str, dict]:
+    """Names in CUDA-only libraries with a torch equivalent on `target` (a TPU9xx rule's
+    `[targets.T.equivalents]`: `name = { module, args }`): `from apex.parallel import
+    DistributedDataParallel` is torch's DistributedDataParallel where it is given the module
+    alone."""
+    return {name: entry for rule in load_rules().values()
+            if rule.extra.get("engine") == "cuda-only-import"
+            for name, entry in rule.target(target).get("equivalents", {}).items()}
+
+
+def ported_import(ctx: MigrationContext | None, node) -> str | None:
+    """The module torch has the names of the from-import `node` in, where each name it imports
+    from a CUDA-only library is an equivalent on this target (cuda_only_equivalents) and every
+    call of it in the file passes no more than the equivalent takes (`args`: positional
+    arguments, no keywords); else None. Such an import is ported, not CUDA-only code."""
+    if ctx is None or not isinstance(node, cst.ImportFrom) or node.relative \
+            or isinstance(node.names, cst.ImportStar) or node.module is None:
+        return None
+    table = cuda_only_equivalents(ctx.target)
+    module = dotted(node.module) or ""
+    entries = [table.get(f"{module}.{dotted(a.name)}") for a in node.names]
+    if not entries or None in entries or len({e["module"] for e in entries}) != 1:
+        return None
+    wanted = {f"{module}.{dotted(a.name)}": e for a, e in zip(node.names, entries)}
+
+    def fits(call: cst.Call, entry: dict) -> bool:
+        return (len(call.args) <= entry.get("args", 1)
+                and all(a.keyword is None and not a.star for a in call.args))
+
+    values = ctx.values
+    for call, _ in values.calls:
+        entry = wanted.get(values.qualified(call.func) or "")
+        if entry is not None and not fits(call, entry):
+            return None
+    return entries[0]["module"]
+
+
+def ported_names(ctx: MigrationContext) -> frozenset[str]:
+    """The qualified names the file's ported imports (ported_import) bring in: torch's now."""
+    def compute() -> frozenset[str]:
+        names = set()
+        for node in walk(ctx.module):
+            if isinstance(node, cst.ImportFrom) and ported_import(ctx, node):
+                module = dotted(node.module) or ""
+                names.update(f"{module}.{dotted(a.name)}" for a in node.names)
+        return frozenset(names)
+
+    roots = {name.split(".")[0] for name in cuda_only_equivalents(ctx.target)}
+    if not any(root in ctx.source for root in roots):  # (a prefilter: spare the walk)
+        return frozenset()
+    return ctx.memo("ported_names", compute)
+
+
+def ported_as(ctx: MigrationContext, names: set[str] | frozenset[str]) -> set[str]:
+    """`names` (torch's), with the ported CUDA-only names that are now one of them (Apex's
+    DistributedDataParallel for torch's)."""
+    found = set(names)
+    for name in ported_names(ctx):
+        entry = cuda_only_equivalents(ctx.target).get(name)
+        if entry and f"{entry['module']}.{name.rsplit('.', 1)[1]}" in names:
+            found.add(name)
+    return found
 
 
 def cuda_library(name: str) -> bool:

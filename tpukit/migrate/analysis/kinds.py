@@ -495,7 +495,7 @@ class ValueKinds:
             if isinstance(expr.slice[0].slice, cst.Index):
                 return frozenset({K.NUMBER})
             return frozenset({K.CONTAINER, K.NUMBERS})
-        return NOTHING
+        return self._said(expr, NOTHING)  # a dict's entry, by what is done with it
 
     @staticmethod
     def _device_ids_given(call: cst.Call, qualified: str) -> cst.BaseExpression | None:

@@ -10,7 +10,8 @@ import functools
 import libcst as cst
 
 from tpukit.migrate.analysis.catalog import cuda_catalog
-from tpukit.migrate.analysis.cuda_only import cuda_package, imported_modules, is_cuda_only
+from tpukit.migrate.analysis.cuda_only import (cuda_package, imported_modules, is_cuda_only,
+                                                ported_import, ported_names)
 from tpukit.migrate.context import MigrationContext, string_value
 from tpukit.migrate.nodes import scan, walk
 from tpukit.rules import load_rules
@@ -150,7 +151,10 @@ class _UnportedCuda(cst.CSTVisitor):
             return False
         if isinstance(node, (cst.Import, cst.ImportFrom)):
             # torch's own CUDA APIs (`CUDAExtension`) and CUDA-only libraries; a module of the
-            # program is not CUDA's for what it is called
+            # program is not CUDA's for what it is called; an import ported to torch's
+            # equivalent is not CUDA's either
+            if ported_import(self.ctx, node):
+                return False
             hit = next((n for n in imported_modules(node, full=True) if
                         cuda_catalog().cuda_torch_name(n) or is_cuda_only(n)), None)
             if hit is not None:
@@ -164,7 +168,8 @@ class _UnportedCuda(cst.CSTVisitor):
                 elif not _ported_by_a_rule(self.ctx, name):
                     self.found = name  # `torch.cuda._pin_memory_utils.pin_memory`
                 return False
-            if name is not None and (is_cuda_only(name) or cuda_catalog().cuda_torch_name(name)):
+            if name is not None and (is_cuda_only(name) or cuda_catalog().cuda_torch_name(name)) \
+                    and name not in ported_names(self.ctx):
                 self.found = self.ctx.short(node)  # an imported CUDA name: CUDAExtension
                 return False
             # A local's own name (`cuda_kwargs`, `use_cuda`) says nothing about what it holds.

@@ -137,6 +137,16 @@ class Values(ValueKinds, ValueUses):
         option = self._getattr_option(expr)
         if option is not None:
             return ("arg", option)
+        if isinstance(expr, cst.Subscript) and len(expr.slice) == 1 \
+                and isinstance(expr.slice[0].slice, cst.Index) \
+                and isinstance(expr.slice[0].slice.value, cst.SimpleString):
+            # `self.optimizer["generator"]`: one entry of a dict, by its constant key
+            # (ParallelWaveGAN's trainer keeps its optimizers so, made by a getattr of a name
+            # read from its config: what `.step()` beside `.zero_grad()` says is all there is)
+            base = self.symbol(expr.value)
+            key = expr.slice[0].slice.value.evaluated_value
+            if base is not None and isinstance(key, str):
+                return ("item", base, key)
         return None
 
     def _getattr_option(self, expr: cst.BaseExpression) -> str | None:

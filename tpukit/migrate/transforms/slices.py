@@ -43,14 +43,16 @@ def _moves_to_device(ctx, expr: cst.BaseExpression | None) -> bool:
 
 
 class _DeviceData(cst.CSTVisitor):
-    """Names bound to a tensor on the device: `x = t.to(device)`, `x = batchify(...)` where
-    `batchify` returns one, and the parameters such names are passed to (`get_batch(x, i)`)."""
+    """Variables bound to a tensor on the device: `x = t.to(device)`, `x = batchify(...)` where
+    `batchify` returns one, and the parameters such variables are passed to (`get_batch(x, i)`).
+    By variable (the dataflow's symbol: a name in its scope), never by spelling: the `x` of a
+    collater's comprehension over NumPy arrays is not the `x` another method moved."""
 
     def __init__(self, ctx) -> None:
         self.ctx = ctx
         self.functions: dict[str, cst.FunctionDef] = {}
         self.returning: set[str] = set()  # functions that return a tensor moved to the device
-        self.names: set[str] = set()
+        self.symbols: set = set()  # the dataflow's symbols (values.symbol) of those variables
         self.params: dict[int, set[str]] = {}  # id(function) -> its device-resident parameters
         self._stack: list[cst.FunctionDef] = []
         self._moved_locals: list[set[str]] = []
@@ -72,9 +74,9 @@ class _DeviceData(cst.CSTVisitor):
         if _moves_to_device(self.ctx, node.value):
             for target in node.targets:
                 if isinstance(target.target, cst.Name):
-                    (self._moved_locals[-1] if self._stack else self.names).add(
-                        target.target.value)
-                    self.names.add(target.target.value)
+                    if self._stack:
+                        self._moved_locals[-1].add(target.target.value)
+                    self._add(target.target)
 
     def visit_Return(self, node: cst.Return) -> None:
         if not self._stack:
@@ -87,19 +89,29 @@ class _DeviceData(cst.CSTVisitor):
     def visit_Call(self, node: cst.Call) -> None:
         self._calls.append(node)
 
+    def _add(self, name: cst.Name) -> None:
+        symbol = self.ctx.values.symbol(name)
+        if symbol is not None:
+            self.symbols.add(symbol)
+
+    def holds(self, name: cst.Name) -> bool:
+        return self.ctx.values.symbol(name) in self.symbols
+
     def resolve(self, module: cst.Module) -> None:
         scan(module, self)
         # `train_data = batchify(corpus.train, bsz)`: bound to what `batchify` returns
         for function, targets in self._assigned_calls:
             if function in self.returning:
-                self.names.update(t.target.value for t in targets if isinstance(t.target, cst.Name))
+                for t in targets:
+                    if isinstance(t.target, cst.Name):
+                        self._add(t.target)
         for call in self._calls:
             function = self.functions.get(call.func.value) if isinstance(call.func, cst.Name) else None
             if function is None:
                 continue
             params = [p.name.value for p in function.params.params]
             for i, arg in enumerate(call.args):
-                if not isinstance(arg.value, cst.Name) or arg.value.value not in self.names:
+                if not isinstance(arg.value, cst.Name) or not self.holds(arg.value):
                     continue
                 if arg.keyword is not None:
                     name = arg.keyword.value
@@ -165,11 +177,10 @@ class DeviceSliceOffset(Transform):
         if node.attr.value.endswith("_") and not node.attr.value.startswith("_"):
             self.stores.add(id(node.value))  # `x[i:j].zero_()` writes through the view
 
-    def _on_device(self, name: str, node: cst.BaseExpression | None = None) -> bool:
+    def _on_device(self, name: str, node: cst.Name) -> bool:
         data = device_data(self.ctx)
-        if data is None or (node is not None and host_value(self.ctx, node)):
+        if data is None or host_value(self.ctx, node):
             return False  # also a NumPy array here: not known a tensor
-            return False
         function = next((f for f in reversed(self.ctx.functions)
                          if isinstance(f, cst.FunctionDef)), None)
         if function is not None:
@@ -177,7 +188,7 @@ class DeviceSliceOffset(Transform):
                 return True
             if name in {p.name.value for p in function.params.params}:
                 return False  # a parameter nobody passes device data to
-        return name in data.names
+        return data.holds(node)
 
     def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript):
         if not isinstance(original.value, cst.Name) or not self._on_device(original.value.value, original.value):

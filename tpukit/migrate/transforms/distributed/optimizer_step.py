@@ -8,6 +8,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tpukit.migrate.analysis import catalog as K
+from tpukit.migrate.analysis.cuda_only import ported_as
 from tpukit.migrate.analysis.launch import DDP_NAMES, group_calls, spawned_functions
 from tpukit.migrate.nodes import first
 from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
@@ -21,13 +22,13 @@ from tpukit.migrate.transforms.base import StatementPlan, Transform, transform
 class OptimizerStepWithoutDdp(Transform):
     """Several processes and no DDP: gradients must be averaged across them, which
     `xm.optimizer_step` does before the step."""
-    uses = frozenset({"launch", "values"})
+    uses = frozenset({"cuda_only", "launch", "values"})
 
     def _applies(self) -> bool:
         def compute() -> bool:
             values = self.ctx.values
             multi = bool(group_calls(self.ctx)) or bool(spawned_functions(self.ctx))
-            return multi and not values.calls_any(DDP_NAMES)
+            return multi and not values.calls_any(ported_as(self.ctx, DDP_NAMES))
         return self.ctx.memo("optimizer_step_without_ddp", compute)
 
     def visit_Expr(self, node: cst.Expr):
