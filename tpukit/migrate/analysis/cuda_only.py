@@ -142,39 +142,41 @@ def ported_import(ctx: MigrationContext | None, node) -> str | None:
         return (len(call.args) <= entry.get("args", 1)
                 and all(a.keyword is None and not a.star for a in call.args))
 
-    values = ctx.values
-    for call, _ in values.calls:
-        entry = wanted.get(values.qualified(call.func) or "")
-        if entry is not None and not fits(call, entry):
-            return None
-    return entries[0]["module"]
+    def compute() -> str | None:
+        values = ctx.values
+        for call, _ in values.calls:
+            entry = wanted.get(values.qualified(call.func) or "")
+            if entry is not None and not fits(call, entry):
+                return None
+        return entries[0]["module"]
+
+    # asked of one import by the guards, the CUDA-only checks, the rewriter and the rule
+    return ctx.memo(("ported_import", id(node)), compute)
 
 
-def ported_names(ctx: MigrationContext) -> frozenset[str]:
-    """The qualified names the file's ported imports (ported_import) bring in: torch's now."""
-    def compute() -> frozenset[str]:
-        names = set()
+def ported_names(ctx: MigrationContext) -> dict[str, str]:
+    """The qualified names the file's ported imports (ported_import) bring in, each with
+    torch's name it now stands for (`apex.parallel.DistributedDataParallel` ->
+    `torch.nn.parallel.DistributedDataParallel`)."""
+    def compute() -> dict[str, str]:
+        names = {}
         for node in walk(ctx.module):
-            if isinstance(node, cst.ImportFrom) and ported_import(ctx, node):
-                module = dotted(node.module) or ""
-                names.update(f"{module}.{dotted(a.name)}" for a in node.names)
-        return frozenset(names)
+            module = ported_import(ctx, node) if isinstance(node, cst.ImportFrom) else None
+            if module is not None:
+                names.update({f"{dotted(node.module)}.{dotted(a.name)}":
+                              f"{module}.{dotted(a.name)}" for a in node.names})
+        return names
 
     roots = {name.split(".")[0] for name in cuda_only_equivalents(ctx.target)}
     if not any(root in ctx.source for root in roots):  # (a prefilter: spare the walk)
-        return frozenset()
+        return {}
     return ctx.memo("ported_names", compute)
 
 
 def ported_as(ctx: MigrationContext, names: set[str] | frozenset[str]) -> set[str]:
     """`names` (torch's), with the ported CUDA-only names that are now one of them (Apex's
     DistributedDataParallel for torch's)."""
-    found = set(names)
-    for name in ported_names(ctx):
-        entry = cuda_only_equivalents(ctx.target).get(name)
-        if entry and f"{entry['module']}.{name.rsplit('.', 1)[1]}" in names:
-            found.add(name)
-    return found
+    return set(names) | {name for name, now in ported_names(ctx).items() if now in names}
 
 
 def cuda_library(name: str) -> bool:
