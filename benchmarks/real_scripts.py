@@ -516,6 +516,8 @@ def reason_of(r: Result) -> str:
         if r.original.status in ("failed", "timeout") and r.original.error == r.migrated.error:
             return f"both failed: {what}"
         return f"port {r.migrated.status}: {what}" + (f" [{r.migrated.where}]" if r.migrated.where else "")
+    if r.original.status == "failed":  # (a script that needs a GPU: the port still runs)
+        return f"original failed on this CPU host: {r.original.error}"
     if r.verdict == "diverged":
         return f"verify: diverged at {r.verify_detail}"
     if r.loss == "differ":

@@ -20,7 +20,7 @@ import tomllib
 
 import pytest
 
-from conftest import FIXTURES
+from conftest import FIXTURES, xla_cpu_env
 
 pytest.importorskip("torch_xla", reason="needs the xla extra: pip install -e '.[xla]'")
 
@@ -54,10 +54,9 @@ def runs(tmp_path_factory):
             script = str(FIXTURES / name / "xla.py")
             launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1"]
                         if cfg.get("launcher") == "torchrun" else [sys.executable])
-            env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONUNBUFFERED": "1",
-                   # xla:// rendezvous listens on MASTER_PORT (default 12355): a port of its
-                   # own, so runs on two test workers do not collide (EADDRINUSE)
-                   "MASTER_PORT": str(_free_port())}
+            # xla:// rendezvous listens on MASTER_PORT (default 12355): a port of its own, so
+            # runs on two test workers do not collide (EADDRINUSE)
+            env = xla_cpu_env(MASTER_PORT=str(_free_port()))
             env.pop("CPU_NUM_DEVICES", None)
             proc = subprocess.run([*launcher, script, *cfg["args"], "--out", str(out)], cwd=out,
                                   env=env, capture_output=True, text=True, timeout=600)

@@ -15,7 +15,7 @@ import tomllib
 
 import pytest
 
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, xla_cpu_env
 from tpukit.migrate.engine import MigrateOptions, migrate_source
 from tpukit.rules import select_rules
 
@@ -32,7 +32,7 @@ def config(name: str) -> dict:
 def run(script, steps: int, tmp_path) -> dict:
     out = tmp_path / f"out-{script.stem}-{steps}"
     out.mkdir(exist_ok=True)
-    env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONUNBUFFERED": "1"}
+    env = xla_cpu_env()
     proc = subprocess.run(
         [sys.executable, str(RUNNER), str(script), "--steps", str(steps), "--out", str(out)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,

@@ -126,6 +126,15 @@ def test_table_row_of_a_failing_port_gives_the_reason():
     assert row[-1] == "port failed: TypeError: bad [s.py:3]"
 
 
+def test_a_port_that_ran_where_its_original_failed_says_why_the_original_did():
+    # pytorch/examples' DDP demo divides the host's GPU count: 0 on a CPU host, an empty list
+    original = real_scripts.Run(status="failed", error="IndexError: list index out of range")
+    r = _result(parses=True, idioms_left=0, migrated=real_scripts.Run(status="ok"),
+                original=original)
+    assert real_scripts.reason_of(r) == (
+        "original failed on this CPU host: IndexError: list index out of range")
+
+
 def test_a_script_that_needs_an_edit_is_not_counted_as_run():
     r = _result(needs_edit="hard-coded sizes", parses=True, idioms_left=0)
     r.reason = real_scripts.reason_of(r)

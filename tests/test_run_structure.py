@@ -167,9 +167,9 @@ def test_a_summary_validates_against_its_schema_and_is_flat():
     jsonschema.validate(data, json_schema())
     assert list(data)[:9] == ["script", "args", "device", "outcome", "exit_code", "error",
                               "wall_s", "partial", "steps"]
-    assert list(data)[-10:] == ["launches", "attention", "tpu_generation", "profile",
+    assert list(data)[-11:] == ["launches", "attention", "tpu_generation", "profile",
                                 "time_shares", "failed_on", "suppressed", "in_progress",
-                                "stopped_in", "mappings"]
+                                "stopped_in", "mappings", "compile_cache"]
     assert "stats" not in data
 
 

@@ -15,7 +15,7 @@ import tomllib
 
 import pytest
 
-from conftest import FIXTURES
+from conftest import FIXTURES, xla_cpu_env
 
 pytest.importorskip("torch_xla", reason="needs the xla extra: pip install -e '.[xla]'")
 
@@ -55,7 +55,7 @@ def test_every_fixture_says_whether_it_runs_and_why_not():
 @pytest.mark.parametrize("name", RUNNABLE)
 def test_migrated_fixture_runs_on_xla_cpu(name, tmp_path):
     config = fixture_config(name)
-    env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONUNBUFFERED": "1"}
+    env = xla_cpu_env()
     proc = subprocess.run(
         [sys.executable, "-c", RUNNER, str(FIXTURES / name / "xla.py"), *config.get("args", [])],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
@@ -70,7 +70,7 @@ def test_migrated_fixture_runs_on_xla_cpu(name, tmp_path):
 def _sampler_run(path, tokens: int, cwd, *extra: str, xla: bool = True):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     if xla:
-        env["PJRT_DEVICE"] = "CPU"
+        env = xla_cpu_env(OMP_NUM_THREADS="1")
         command = [sys.executable, "-c", RUNNER, str(path)]
     else:
         command = [sys.executable, str(path)]
@@ -122,7 +122,7 @@ def test_a_ported_sampler_draws_the_same_tokens_in_graphs_that_do_not_grow_with_
 
 
 def _compiles(path, cwd, *args: str) -> tuple[int, str]:
-    env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = xla_cpu_env(OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", RUNNER, str(path), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -149,3 +149,28 @@ def test_a_rollout_that_fills_storage_gets_a_barrier_that_keeps_its_graphs_few(t
     without_2, _ = _compiles(paths["without"], tmp_path, "--iterations", "2", *steps)
     assert ported_4 == ported_2
     assert ported_2 < without_2
+
+
+@pytest.mark.xla
+def test_rollout_writes_at_index_tensors_compile_the_same_graphs_for_every_position(tmp_path):
+    """fixtures/rl_rollout ported with TPU510 (`_xla_put(obs, step, ...)`) against the same port
+    without it (`obs[step] = ...`): the same final loss; the port's compiles do not grow with
+    the rollout's length, the other's grow by one graph per buffer position."""
+    from tpukit.migrate.engine import MigrateOptions, migrate_source
+    from tpukit.rules import select_rules
+
+    source = (FIXTURES / "rl_rollout" / "cuda.py").read_text()
+    ported = migrate_source(source, "cuda.py", MigrateOptions(
+        rules=select_rules([], []), target="xla")).new_source
+    unported = migrate_source(source, "cuda.py", MigrateOptions(
+        rules=select_rules([], ["TPU510"]), target="xla")).new_source
+    assert "_xla_put(obs, step, next_obs)" in ported and "_xla_put" not in unported
+    paths = {"ported": tmp_path / "ported.py", "unported": tmp_path / "unported.py"}
+    for name, code in (("ported", ported), ("unported", unported)):
+        paths[name].write_text(code)
+    runs = {(name, n): _compiles(paths[name], tmp_path, "--iterations", "2", "--num-steps", str(n))
+            for name in paths for n in (4, 12)}
+    for n in (4, 12):
+        assert runs["ported", n][1] == runs["unported", n][1]  # the same training
+    assert runs["ported", 12][0] == runs["ported", 4][0]
+    assert runs["unported", 12][0] >= runs["unported", 4][0] + 8

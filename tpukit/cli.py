@@ -289,6 +289,13 @@ def run(
     no_graph_diffs: bool = typer.Option(
         False, "--no-graph-diffs", help="Do not hash and lower each barrier's and host read's "
                                         "graph (recompiles are then explained by shapes only)."),
+    compile_cache: Optional[Path] = typer.Option(
+        None, "--compile-cache", help="Keep compiled graphs in this folder for the next run "
+                                      "(default: ~/.cache/tpukit/xla-compile-cache, or "
+                                      "XLA_PERSISTENT_CACHE_PATH or TPUKIT_COMPILE_CACHE)."),
+    no_compile_cache: bool = typer.Option(
+        False, "--no-compile-cache", help="No persistent compilation cache: every graph is "
+                                          "compiled, and every compile explained."),
 ) -> None:
     """Run a script on the TPU (XLA:CPU without one) and explain its recompiles, CPU fallbacks
     and host syncs, step by step."""
@@ -320,6 +327,8 @@ def run(
         fail(f"unknown eager mode {eager_mode!r}: choose {', '.join(EAGER_MODES)}")
     if tpu_generation is not None and tpu_generation not in MXU_WIDTH:
         fail(f"--tpu-generation takes {', '.join(MXU_WIDTH)}; not {tpu_generation!r}")
+    if compile_cache is not None and no_compile_cache:
+        fail("--compile-cache and --no-compile-cache contradict each other")
     if explain_graphs and no_graph_diffs:
         fail("--explain-graphs and --no-graph-diffs contradict each other")
     if (logdir is not None or profile_steps is not None) and not profile:
@@ -334,7 +343,9 @@ def run(
                          logdir=logdir, profile_steps=steps, tpu_generation=tpu_generation,
                          bucket_budget=bucket_budget, html=html, target=run_target,
                          eager_mode=eager_mode, explain_graphs=explain_graphs,
-                         graph_diffs=not no_graph_diffs, shim=not no_shim)
+                         graph_diffs=not no_graph_diffs, shim=not no_shim,
+                         compile_cache=str(compile_cache) if compile_cache is not None else None,
+                         use_compile_cache=not no_compile_cache)
     from tpukit.run.watch import fork_watched
 
     fork_watched(json_path)  # the parent waits, and says so if the run dies of a signal

@@ -56,7 +56,7 @@ _CALL_KEYS = frozenset({
     "as_device", "as_device_note", "as_type", "as_type_note", "before_launch",
     "before_launch_helper", "before_launch_note", "file_lacks_group", "gpu_count", "helper", "instead",
     "lacking_in_package", "lacking_note", "lacking_statements", "library_keeps", "note",
-    "otherwise", "remove", "replace", "statements",
+    "otherwise", "per_process", "per_process_note", "remove", "replace", "statements",
     "value_ok", "when",
 })
 # A call entry's finding for a call left as it is: a string (`instead`, `otherwise`: the fix;

@@ -224,6 +224,23 @@ def _xla_weight_norm(module):
             "AutogradXLA")
     return module
 ''',
+    "_xla_put": '''
+def _xla_put(buffer, index, value):
+    """`buffer[index] = value` at a Python-int position, as one graph for every position
+    (inserted by tpukit): XLA bakes an int index into the graph, so a loop that writes a
+    preallocated buffer and syncs each iteration compiled once per position. The position goes
+    in as an index tensor; the value is cast and broadcast as the assignment would. Anything
+    else (a position out of range, what is not a tensor) is assigned as written."""
+    if not (isinstance(buffer, torch.Tensor) and buffer.dim() > 0 and type(index) is int
+            and -buffer.shape[0] <= index < buffer.shape[0]):
+        buffer[index] = value
+        return
+    value = torch.as_tensor(value, dtype=buffer.dtype, device=buffer.device)
+    while value.dim() > buffer.dim() - 1 and value.shape[0] == 1:
+        value = value[0]  # leading 1s, dropped as `__setitem__` drops them
+    position = torch.tensor([index % buffer.shape[0]], device=buffer.device)
+    buffer.index_copy_(0, position, value.expand(buffer.shape[1:]).unsqueeze(0))
+''',
     "_tensor_on_host": '''
 def _tensor_on_host(value):
     """What a loop reads element by element to the host, copied there at once (inserted by
@@ -241,6 +258,7 @@ IMPORTS_OF: dict[str, tuple[str, ...]] = {**{name: () for name, _ in library_mod
                                           "_XlaTimingEvent": ("xm", "torch_xla"),
                                           "_inputs_to_device": ("torch",),
                                           "_tensor_on_host": ("torch",),
+                                          "_xla_put": ("torch",),
                                           "_xla_weight_norm": ("torch",),
                                           "_TpuModuleHolder": ("torch",),
                                           "_tensors_to": ("torch",),

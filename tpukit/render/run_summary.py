@@ -86,6 +86,21 @@ def _shares_text(summary: dict) -> str:
             " findings below, dearest first")
 
 
+def _cache_text(cache: dict) -> str:
+    """The persistent compilation cache in a line: where, and what it did."""
+    if cache["path"] is None:
+        return {"off": "off (--no-compile-cache)", "unwritable": f"none: {cache['problem']}",
+                "started": "none (torch_xla started before tpukit run)"}.get(
+                    cache["source"], "none")
+    whose = {"user": " (XLA_PERSISTENT_CACHE_PATH)", "started": " (set before tpukit run)"}
+    said = (f"{cache['path']}{whose.get(cache['source'], '')}: {cache['hits']} loaded"
+            f" ({cache['load_s']:.2f} s), {cache['misses']} compiled"
+             + ("" if cache["read_only"] else " and written"))
+    if cache["failures"]:
+        said += f", {cache['failures']} unreadable (compiled again)"
+    return said
+
+
 def print_summary(summary: dict, stream) -> None:
     table = Table(title=f"tpukit run: {summary['script']} on {summary['device']}", show_header=False)
     table.add_column("what", style="bold")
@@ -110,6 +125,8 @@ def print_summary(summary: dict, stream) -> None:
         ("wall time", f"{summary['wall_s']:.2f} s"),
         ("where it went", _shares_text(summary)),
     ]
+    if summary.get("compile_cache"):
+        rows.insert(5, ("compile cache", _cache_text(summary["compile_cache"])))
     if summary.get("mappings"):
         rows.insert(1, ("memory mappings", run_summary_type.describe_mappings(summary["mappings"])))
     for key, label in (("in_progress", "in progress"), ("stopped_in", "stopped in")):

@@ -54,6 +54,9 @@ class RunRequest:
     explain_graphs: bool = False  # dump every graph's HLO to diff recompiled graphs
     graph_diffs: bool = True  # else no graph_capture (--no-graph-diffs)
     shim: bool = True  # the runtime layer (tpukit/shim), else --no-shim
+    compile_cache: str | None = None  # --compile-cache DIR
+    use_compile_cache: bool = True  # else --no-compile-cache
+    cache: object = field(default=None, init=False)  # compile_cache.CacheChoice, by run_command
     ported: dict = field(default_factory=dict, init=False)  # set by run_command
 
 
@@ -190,6 +193,12 @@ def run_command(request: RunRequest) -> int:
                   "run up to 1.6x slower (TPUKIT_XLA_CPU_FLAGS=0 keeps XLA's default)",
                   file=sys.stderr, flush=True)
 
+    from tpukit.run import compile_cache
+
+    started = "torch_xla" in sys.modules and \
+        sys.modules["torch_xla"]._XLAC._xla_computation_cache_is_initialized()
+    request.cache = compile_cache.choose(os.environ, request.compile_cache,
+                                         request.use_compile_cache, started)
     from tpukit.run.debuglog import DebugLog
 
     log = None
@@ -339,7 +348,9 @@ def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda
     from tpukit.run.crash import crash_findings
 
     crash = crash_findings(getattr(outcome, "exception", None))
-    kept, suppressed = split_files(cuda + layer + crash + analysis.findings + advice["findings"])
+    cache, cached = _cache_report(request, probe, analysis)
+    kept, suppressed = split_files(cuda + layer + crash + analysis.findings + advice["findings"]
+                                   + cached)
     kept_ids = {id(f) for f in kept}
     analysis.findings = [f for f in analysis.findings if id(f) in kept_ids]
     failed = analysis.failures(request.fail_on)
@@ -368,9 +379,25 @@ def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda
         in_progress=probe.activity.in_progress() if partial else None,
         stopped_in=probe.activity.stopped_in,
         mappings=probe.activity.mappings,
+        compile_cache=cache,
     )
     return Report("run", kept, [], summary, summary_line(summary.to_dict()),
                   show_applied=True, excerpts=True), failed
+
+
+def _cache_report(request: RunRequest, probe, analysis) -> tuple[dict | None, list]:
+    """The report's `compile_cache` object and its TPU711 findings (None, [] without the
+    XLA runtime's counters)."""
+    from tpukit.run import compile_cache
+
+    if request.cache is None or probe.counters is None:
+        return None, []
+    hits_after = sum(s.cache_hits for s in probe.steps if analysis.loops.steady(s))
+    cache = compile_cache.summary(request.cache, compile_cache.counts(probe.counters.value),
+                                  compile_cache.load_seconds(probe.counters.metric),
+                                  hits_after)
+    return cache, compile_cache.findings(cache, os.environ.get("PJRT_DEVICE", ""),
+                                         request.script or request.module)
 
 
 def _run_on_torchtpu(request: RunRequest, display: str) -> int:

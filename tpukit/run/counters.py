@@ -12,6 +12,7 @@ class Counters:
     compile_ns: float
     transfers: int
     fallbacks: dict[str, int]
+    cache_hits: int = 0  # graphs loaded from the persistent compilation cache (not compiled)
 
 
 class XlaCounters:
@@ -34,7 +35,16 @@ class XlaCounters:
             compile_ns=compile_ns,
             transfers=transfers[0] if transfers else 0,
             fallbacks=self.fallback_counts(),
+            cache_hits=self._counter("PersistentCacheHit") or 0,
         )
+
+    def value(self, name: str) -> int:
+        """A counter of torch_xla's by name (0 before it first counts)."""
+        return self._counter(name) or 0
+
+    def metric(self, name: str):
+        """A metric of torch_xla's by name: (count, total, ...) or None."""
+        return self._metric(name)
 
     def compile_ns(self) -> float:
         """XLA's compile time so far (a host read subtracts the compiles it triggered)."""

@@ -154,13 +154,14 @@ class Probe:
                            else counters.executions - base.executions)
         step.compiles = counters.compiles - base.compiles
         step.compile_s = (counters.compile_ns - base.compile_ns) / 1e9
+        step.cache_hits = counters.cache_hits - base.cache_hits
         step.transfers = counters.transfers - base.transfers
         step.fallbacks = {n: v - base.fallbacks.get(n, 0) for n, v in counters.fallbacks.items()
                           if v - base.fallbacks.get(n, 0)}
         # Executions are not evidence of work in this step: XLA runs graphs asynchronously
         # and counts each one when it finishes, often after the sync that launched it.
-        idle = not (step.graphs or step.compiles or step.reads or step.fallbacks
-                    or step.inputs_seen)
+        idle = not (step.graphs or step.compiles or step.cache_hits or step.reads
+                    or step.fallbacks or step.inputs_seen)
         # MpDeviceLoader syncs before it yields each batch, the first included: what ran
         # before the loop (set-up, or an epoch's eval and checkpoint) ends there with no batch
         # and no forward. It is no step of its own: it counts in the first batch's step, so

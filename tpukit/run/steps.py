@@ -50,6 +50,7 @@ class Step:
     boundary_at: tuple[str, int] | None = None
     compiles: int = 0
     compile_s: float = 0.0
+    cache_hits: int = 0  # graphs loaded from the persistent compilation cache instead
     executions: int = 0
     transfers: int = 0  # torch_xla's TransferFromDevice count
     fallbacks: dict[str, int] = field(default_factory=dict)
@@ -85,6 +86,7 @@ class Step:
                             if self.boundary_at else None),
             "compiles": self.compiles,
             "compile_s": round(self.compile_s, 6),
+            "cache_hits": self.cache_hits,
             "graphs_compiled": [g.graph_hash for g in self.graphs if g.kind == "compile"],
             "executions": self.executions,
             "host_transfers": self.transfers,

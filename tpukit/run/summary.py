@@ -70,6 +70,9 @@ class RunSummary:
     stopped_in: dict | None = None
     # The process near the kernel's limit on memory mappings (activity.py): {"mappings", "limit"}
     mappings: dict | None = None
+    # torch_xla's persistent compilation cache (compile_cache.summary): path, source,
+    # read_only, problem, hits, misses, failures, load_s, hits_after_warmup; None: not asked
+    compile_cache: dict | None = None
 
     def to_dict(self) -> dict:
         """The JSON report's `summary` object."""

@@ -15,6 +15,7 @@ PROVIDERS = {
     "launch": "process groups, launchers and the functions they spawn (launch.py)",
     "ddp_inputs": "what a DDP model's forward is given (ddp_inputs.py)",
     "host_values": "values that live on the host (host_values.py)",
+    "device_data": "variables that hold a tensor on the device (device_data.py)",
     "unported": "CUDA-only code no rule ports (unported.py)",
     "cuda_only": "CUDA-only code and libraries, and the imports of them ported to torch's "
                  "equivalents (cuda_only.py)",

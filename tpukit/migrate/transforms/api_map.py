@@ -26,6 +26,9 @@ Each entry under `[targets.<target>.calls."<qualified name>"]` may have:
               `as_type_note`: its note)
   gpu_count   no rewrite where the value is stored in a variable that scales something
               (`batch_size * n_gpu`): the finding's cause (or table, as `instead`)
+  per_process the `replace` template for the call floor-divided as a whole (`device_count()
+              // local_world_size`: the host's devices shared among its processes), where the
+              target's own count is already one process's (`per_process_note`: its note)
   before_launch  the `replace` template to use instead in a launcher's scope (the function or
               top level that calls mp.spawn / torch_xla.launch), where the XLA runtime must
               not be initialised yet (`before_launch_note`: its note, `before_launch_helper`:
@@ -57,7 +60,7 @@ class CallMap(Transform):
         self.as_device = any("as_device" in entry for entry in self.calls.values())
         self.device_arguments: set[int] = set()  # id() of expressions used as a device
         self.as_type = any("as_type" in entry for entry in self.calls.values())
-        self.type_reads: set[int] = set()  # id() of calls whose value is read for `.type`
+        self.type_reads: set[int] = set()  # id() of calls rewritten with what encloses them
         self.module_names: set[int] = set()  # id() of getattr's attribute-name arguments
         # id() of the calls given to a CUDA-only call no rule ports: they stay CUDA's
         # (`get_device_properties(torch.cuda.current_device())`: an XLA index there would name
@@ -226,6 +229,26 @@ class CallMap(Transform):
         new = entry["as_type"]
         note = entry.get("as_type_note", entry.get("note"))
         return self.fix_or_report(node.value, self._describe(node, new, {"note": note}),
+                                  lambda: self.ctx.expr(new))
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation):
+        """`torch.cuda.device_count() // local_world_size` (pytorch/examples' DDP demo: the
+        GPUs of one of the host's processes, which then become its device indices): on XLA a
+        process addresses only its own devices, so its count is already the share; divided
+        again it would be 0 and the device list empty."""
+        if not isinstance(node.operator, cst.FloorDivide):
+            return None
+        name, entry = self._entry(node.left)
+        if entry is None or "per_process" not in entry or self._held_name() is not None:
+            return None
+        if self.ctx.at_import_time() or self.ctx.in_launcher() or (
+                entry.get("library_keeps") and self.ctx.owner_leaves(
+                    self.rule.extra.get("engine", self.rule.code), "cuda_query")):
+            return None  # visit_Call says what the call becomes there
+        self.type_reads.add(id(node.left))
+        new = entry["per_process"]
+        note = entry.get("per_process_note", entry.get("note"))
+        return self.fix_or_report(node, self._describe(node, new, {"note": note}),
                                   lambda: self.ctx.expr(new))
 
     def _inside_unported(self, node: cst.Call) -> None:
