@@ -190,7 +190,20 @@ def test_compile_cache_path(site, tmp_path):
     blocker.write_text("")
     bad = context(site, tmp_path, env={"XLA_PERSISTENT_CACHE_PATH": str(blocker / "cache")})
     assert "which is a file, not a folder" in check_compile_cache(bad).findings[0].message
-    assert check_compile_cache(context(site, tmp_path)).status == "skip"
+
+
+def test_without_a_cache_variable_the_folder_tpukit_run_uses_is_checked(site, tmp_path):
+    default = check_compile_cache(context(site, tmp_path, env={"XDG_CACHE_HOME": str(tmp_path)}))
+    assert default.status == "ok"
+    assert str(tmp_path / "tpukit" / "xla-compile-cache") in default.detail
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    bad = check_compile_cache(context(site, tmp_path,
+                                      env={"TPUKIT_COMPILE_CACHE": str(blocker / "c")}))
+    (found,) = bad.findings
+    assert found.code == "TPU006" and "TPUKIT_COMPILE_CACHE" in found.message
+    assert check_compile_cache(context(site, tmp_path,
+                                      env={"TPUKIT_COMPILE_CACHE": "0"})).status == "skip"
 
 
 @pytest.mark.parametrize(

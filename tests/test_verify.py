@@ -261,6 +261,41 @@ def test_a_locating_run_that_fails_is_said_never_a_silent_null(tmp_path, monkeyp
     assert "not located" in where["text"] and "port" in where["text"]
 
 
+@pytest.mark.parametrize("rerun_port, moved", [(1.0, ["port"]), (1.5, None)])
+def test_a_divergence_the_locating_run_does_not_repeat_is_said_to_vary_between_runs(
+        tmp_path, monkeypatch, rerun_port, moved):
+    """examples-dcgan diverged at step 2 in 1 of 6 runs: every module's output agreed in the
+    run that located it, which said "the loss differs", of losses that agreed there. Where the
+    rerun's losses agree at the step, the difference did not repeat: said so, with the side
+    whose loss changed between its two runs. Where they still differ, the loss is named."""
+    from tpukit.verify import command
+
+    script = tmp_path / "t.py"
+    script.write_text("pass\n")
+    ok = {"outcome": "max-steps", "losses": [1.0, 1.0], "low_precision": []}
+    diverged = {**ok, "losses": [1.0, 1.5]}
+    located = {"calls": [{"module": "Net", "norm": 2.0}], "loss_line": "t.py:9"}
+
+    def both(request, script, port, work, steps, locate_step=None):
+        if locate_step is None:
+            return dict(ok), dict(diverged)
+        return {**ok, **located}, {**ok, **located, "losses": [1.0, rerun_port]}
+
+    monkeypatch.setattr(command, "_both", both)
+    monkeypatch.setattr(command, "_finish", lambda *a, **k: dict(ok))
+    monkeypatch.setattr(command, "_start", lambda *a, **k: None)
+    summary = command.verify(command.VerifyRequest(script=script, port=script, steps=2))
+    assert summary["verdict"] == "diverged" and summary["first_divergent_step"] == 1
+    where = summary["where"]
+    if moved is None:
+        assert where["kind"] == "loss" and "t.py:9" in where["text"]
+        return
+    assert (where["kind"], where["moved"]) == ("unreproduced", moved)
+    assert where["losses"]["port"] == [1.5, 1.0]
+    assert "not when both sides ran again" in where["text"]
+    assert "the port's went from 1.5 to 1" in where["text"]
+
+
 def test_the_ports_pythonpath_names_its_own_tree():
     from tpukit.verify.command import port_pythonpath
 

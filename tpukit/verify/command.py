@@ -29,7 +29,7 @@ from tpukit.run.untrained import reason
 from tpukit.verify.compare import (SPREAD, amplified_from, calibration, compare_losses,
                                    default_rtol, describe, explained, first_input_difference,
                                    gradient_difference, locate, noise_floor, perturbation,
-                                   relative, tolerances)
+                                   relative, tolerances, unreproduced)
 
 EXIT = {"match": 0, "diverged": 1, "incomparable": 3}
 RANDOMNESS = ("dropout masks and the random numbers asked for on the device are drawn from "
@@ -289,6 +289,11 @@ def verify(request: VerifyRequest) -> dict:
                          "error": result["error"]}
             else:
                 where = locate(step, first, second, steps_rtol[step])
+                if where["kind"] == "loss":  # nothing differs before the loss: did it repeat?
+                    where = unreproduced(
+                        step, {"original": original["losses"], "port": ported["losses"]},
+                        {"original": first["losses"], "port": second["losses"]},
+                        steps_rtol[step]) or where
             summary["where"] = {**where, "text": describe(where)}
         return summary
 

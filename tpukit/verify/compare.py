@@ -220,6 +220,24 @@ def locate(step: int, original: dict, port: dict, rtol: float) -> dict:
     return where
 
 
+def unreproduced(step: int, runs: dict, reruns: dict, rtol: float) -> dict | None:
+    """The divergence of `step` did not come back when both sides ran again to locate it (their
+    losses at `step` agree within `rtol`): not the port's doing but a step that differs from run
+    to run. Which side's loss changed between its two runs says where. `runs`, `reruns`: the
+    losses of each side ({"original": [...], "port": [...]}) in the comparison and the rerun."""
+    again = [reruns[side][step] if len(reruns[side]) > step else None for side in SIDES]
+    if None in again or relative(*again) > rtol:
+        return None
+    moved = [side for side in SIDES if len(runs[side]) > step
+             and relative(runs[side][step], reruns[side][step]) > rtol]
+    return {"step": step, "kind": "unreproduced", "moved": moved,
+            "losses": {side: [runs[side][step], reruns[side][step]] for side in SIDES
+                       if len(runs[side]) > step}}
+
+
+SIDES = ("original", "port")
+
+
 def describe(where: dict) -> str:
     step = where["step"]
     kind = where.get("kind")
@@ -250,6 +268,18 @@ def describe(where: dict) -> str:
     if kind == "unlocated":
         return (f"not located: the run that records step {step}'s modules failed on the "
                 f"{where['side']} ({where['error']})")
+    if kind == "unreproduced":
+        moved = where["moved"]
+        changed = "; ".join(f"the {side}'s went from {where['losses'][side][0]:.6g} to "
+                            f"{where['losses'][side][1]:.6g}" for side in moved)
+        whose = (f"the loss of the same step changed between two runs of the same code: "
+                 f"{changed}" if moved else "neither side's loss moved beyond the tolerance "
+                 "on its own")
+        return (f"step {step} diverged, but not when both sides ran again to locate it (their "
+                f"losses agree there): the difference does not repeat, so it is no port's "
+                f"doing but a step that differs from run to run ({whose}): threads racing "
+                "on a tensor, a data loader's workers, an op with no fixed order; run verify "
+                "again to see whether it recurs")
     if kind == "module":
         return (f"the first module whose output differs in step {step} is "
                 f"`{where['module']}` (output norm {where['original_norm']:.6g} vs "

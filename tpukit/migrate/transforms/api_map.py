@@ -236,8 +236,9 @@ class CallMap(Transform):
         GPUs of one of the host's processes, which then become its device indices): on XLA a
         process addresses only its own devices, so its count is already the share; divided
         again it would be 0 and the device list empty."""
-        if not isinstance(node.operator, cst.FloorDivide):
-            return None
+        if not isinstance(node.operator, cst.FloorDivide) or isinstance(
+                node.right, (cst.Integer, cst.Float)):
+            return None  # `// 2`: pairs of devices, a share of the count, not the processes'
         name, entry = self._entry(node.left)
         if entry is None or "per_process" not in entry or self._held_name() is not None:
             return None
