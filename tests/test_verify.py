@@ -235,27 +235,35 @@ def test_a_missing_script_is_one_line_and_exit_2(tmp_path, run_cli):
     assert "Traceback" not in proc.stderr
 
 
-def test_a_locating_run_that_fails_is_said_never_a_silent_null(tmp_path, monkeypatch):
-    """The run that records the divergent step's modules can fail where the comparison ran
-    (a hook on a module, a timeout): the summary says which side and why."""
+OK_RUN = {"outcome": "max-steps", "losses": [1.0, 1.0], "low_precision": []}
+
+
+def _diverged_at_step_1(tmp_path, monkeypatch, located_runs) -> dict:
+    """verify's summary where the comparison's port diverges at step 1 (1.5 against 1.0) and
+    the runs that locate it give `located_runs()` (original, port): no script runs."""
     from tpukit.verify import command
 
     script = tmp_path / "t.py"
     script.write_text("pass\n")
-    ok = {"outcome": "max-steps", "losses": [1.0, 1.0], "low_precision": []}
-    diverged = {**ok, "losses": [1.0, 1.5]}
 
     def both(request, script, port, work, steps, locate_step=None):
         if locate_step is None:
-            return dict(ok), dict(diverged)
-        return dict(ok), {"outcome": "error", "error": "RuntimeError: hook", "losses": []}
+            return dict(OK_RUN), {**OK_RUN, "losses": [1.0, 1.5]}
+        return located_runs()
 
     monkeypatch.setattr(command, "_both", both)
-    monkeypatch.setattr(command, "_finish", lambda *a, **k: dict(ok))
+    monkeypatch.setattr(command, "_finish", lambda *a, **k: dict(OK_RUN))
     monkeypatch.setattr(command, "_start", lambda *a, **k: None)
     summary = command.verify(command.VerifyRequest(script=script, port=script, steps=2))
     assert summary["verdict"] == "diverged" and summary["first_divergent_step"] == 1
-    where = summary["where"]
+    return summary["where"]
+
+
+def test_a_locating_run_that_fails_is_said_never_a_silent_null(tmp_path, monkeypatch):
+    """The run that records the divergent step's modules can fail where the comparison ran
+    (a hook on a module, a timeout): the summary says which side and why."""
+    where = _diverged_at_step_1(tmp_path, monkeypatch, lambda: (
+        dict(OK_RUN), {"outcome": "error", "error": "RuntimeError: hook", "losses": []}))
     assert (where["kind"], where["side"], where["error"]) == ("unlocated", "port",
                                                                "RuntimeError: hook")
     assert "not located" in where["text"] and "port" in where["text"]
@@ -268,25 +276,9 @@ def test_a_divergence_the_locating_run_does_not_repeat_is_said_to_vary_between_r
     run that located it, which said "the loss differs", of losses that agreed there. Where the
     rerun's losses agree at the step, the difference did not repeat: said so, with the side
     whose loss changed between its two runs. Where they still differ, the loss is named."""
-    from tpukit.verify import command
-
-    script = tmp_path / "t.py"
-    script.write_text("pass\n")
-    ok = {"outcome": "max-steps", "losses": [1.0, 1.0], "low_precision": []}
-    diverged = {**ok, "losses": [1.0, 1.5]}
-    located = {"calls": [{"module": "Net", "norm": 2.0}], "loss_line": "t.py:9"}
-
-    def both(request, script, port, work, steps, locate_step=None):
-        if locate_step is None:
-            return dict(ok), dict(diverged)
-        return {**ok, **located}, {**ok, **located, "losses": [1.0, rerun_port]}
-
-    monkeypatch.setattr(command, "_both", both)
-    monkeypatch.setattr(command, "_finish", lambda *a, **k: dict(ok))
-    monkeypatch.setattr(command, "_start", lambda *a, **k: None)
-    summary = command.verify(command.VerifyRequest(script=script, port=script, steps=2))
-    assert summary["verdict"] == "diverged" and summary["first_divergent_step"] == 1
-    where = summary["where"]
+    located = {**OK_RUN, "calls": [{"module": "Net", "norm": 2.0}], "loss_line": "t.py:9"}
+    where = _diverged_at_step_1(tmp_path, monkeypatch, lambda: (
+        dict(located), {**located, "losses": [1.0, rerun_port]}))
     if moved is None:
         assert where["kind"] == "loss" and "t.py:9" in where["text"]
         return
