@@ -153,6 +153,56 @@ def test_a_faithful_port_matches_step_by_step(tmp_path, run_cli):
     assert summary["sides"]["original"]["devices"] == ["cpu"]
 
 
+RESEEDING = """\
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Reseeding(Dataset):
+    # torchvision's FakeData: each item drawn under a seed of its own, the global state restored
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        state = torch.get_rng_state()
+        torch.manual_seed(1000 + i)
+        x = torch.randn(4)
+        time.sleep(0.05)
+        torch.set_rng_state(state)
+        return x
+
+
+torch.manual_seed(0)
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = torch.nn.Linear(4, 1).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x in DataLoader(Reseeding(), batch_size=2):
+    x = x.to(device)
+    noise = torch.randn(2, 4, device=device)
+    loss = (model(x + noise) ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.xla
+def test_a_loader_that_reseeds_the_global_generator_does_not_race_the_steps_draws(
+        tmp_path, run_cli):
+    """examples-dcgan (FakeData) diverged in 1 run of 6: the port's MpDeviceLoader loaded its
+    images in a thread that reseeds torch's global generator per image, while the step drew its
+    noise from that generator (verify draws the device's randomness on the host, as the
+    original does). The port's loader reads its batches in the script's thread under verify:
+    the same batches and noise as the original's, every run (before: diverged at step 1)."""
+    script = tmp_path / "train.py"
+    script.write_text(RESEEDING)
+    summary = _verify(run_cli, tmp_path, str(script), "--steps", "6", rc=0)
+    assert summary["verdict"] == "match" and summary["steps_compared"] == 6
+    assert summary["max_rel_diff"] < 1e-5
+
+
 @pytest.mark.xla
 def test_a_grad_scalers_scaled_loss_counts_as_the_loss_it_scaled(tmp_path, run_cli):
     # on a CPU host with torch_xla installed the original's CUDA GradScaler is on (it scales

@@ -428,6 +428,31 @@ def _keep_doc(wrapper, original):
     return wrapper
 
 
+def _load_in_this_thread() -> None:
+    """The port's MpDeviceLoader reads its loader in the script's own thread, as the original
+    reads its DataLoader. Its background thread drew the host's random numbers (an
+    augmentation's; torchvision's FakeData reseeds the global generator for each image and
+    restores it) in an order against the step's own draws that changed from run to run, and
+    the step draws from that same generator here (the device's randomness drawn on the host,
+    as the original draws it): examples-dcgan's noise, 1 run in 6. The batches, their order
+    and the barrier before each are MpDeviceLoader's."""
+    import torch
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    from torch_xla.distributed import parallel_loader
+
+    def batches(self):
+        sharding = self._parallel_loader_kwargs.get("input_sharding")
+        for batch in self._loader:
+            torch_xla.sync()  # PerDeviceLoader's barrier before each batch
+            with torch.no_grad():
+                moved = xm.send_cpu_data_to_device([batch], self._device, sharding)[0]
+            yield moved
+        torch_xla.sync()
+
+    parallel_loader.MpDeviceLoader.__iter__ = batches
+
+
 def _seed(seed: int) -> None:
     import torch
 
@@ -460,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         import tpukit.shim
 
         tpukit.shim.install(options.script, options.shim)
+    if options.shim == "xla":  # the port's side
+        _load_in_this_thread()
     _seed(options.seed)
     recorder = Recorder(options.script, options.steps, options.locate, options.seed,
                         options.perturb, options.probe_gradients)
