@@ -43,7 +43,6 @@ class PositionWrites(Transform):
     def visit_For(self, node: cst.For) -> None:
         self.loops.append((self._position_variable(node), self._syncs(node.body), node))
 
-
     def leave_For(self, original: cst.For, updated: cst.For):
         self.loops.pop()
         return None
