@@ -24,21 +24,6 @@ def pytest_configure(config):
             os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
 
 
-# The files whose tests run scripts on XLA:CPU, longest first (`pytest --durations`,
-# 2026-12-07). With `--dist loadfile` a file runs whole on one worker, in collection order: a
-# long file collected last ran alone at the end while the other worker idled.
-LONGEST_FIRST = ("test_ports.py", "test_verify.py", "test_xla_runs.py", "test_doctor.py",
-                 "test_distributed.py", "test_run_causes.py", "test_atomic.py", "test_run.py",
-                 "test_run_crash.py", "test_untrained.py", "test_run_advice.py",
-                 "test_library_mode.py", "test_cli.py")
-
-
-def pytest_collection_modifyitems(items):
-    """Long files first, each file's tests in their own order (a stable sort)."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
-
 _CACHES = itertools.count()
 
 
