@@ -286,26 +286,26 @@ def check_env_vars(ctx: DoctorContext) -> CheckResult:
 
 
 def check_compile_cache(ctx: DoctorContext) -> CheckResult:
-    """The persistent compilation cache's folder: the user's XLA_PERSISTENT_CACHE_PATH, else
-    the one `tpukit run` uses by default (TPUKIT_COMPILE_CACHE, else ~/.cache/tpukit/...)."""
+    """The persistent compilation cache's folder, as `tpukit run` picks it: the user's
+    XLA_PERSISTENT_CACHE_PATH, else TPUKIT_COMPILE_CACHE, else ~/.cache/tpukit/..."""
     from tpukit.run import compile_cache
 
-    path = ctx.env.get(compile_cache.PATH_VARIABLE)
-    if path:
-        result = CheckResult("compile cache", f"XLA_PERSISTENT_CACHE_PATH={path}")
-        problem = _not_writable(Path(path))
-        if problem:
-            result.findings.append(finding("TPU006", f"XLA_PERSISTENT_CACHE_PATH={path} {problem}: point it at a writable folder"))
-        return result
-    setting = ctx.env.get(compile_cache.SETTING_VARIABLE, "")
-    if setting.lower() in compile_cache.OFF:
+    path, source = compile_cache.named_folder(ctx.env)
+    if path is None:
+        setting = ctx.env[compile_cache.SETTING_VARIABLE]
         return CheckResult("compile cache", f"off ({compile_cache.SETTING_VARIABLE}={setting})",
                            skipped=True)
-    folder = Path(setting) if setting else compile_cache.default_folder(ctx.env)
-    result = CheckResult("compile cache", f"tpukit run keeps compiled graphs in {folder}")
-    problem = _not_writable(folder)
+    problem = _not_writable(Path(path))
+    if source == "user":
+        result = CheckResult("compile cache", f"XLA_PERSISTENT_CACHE_PATH={path}")
+        fix = "point it at a writable folder"
+        said = f"XLA_PERSISTENT_CACHE_PATH={path}"
+    else:
+        result = CheckResult("compile cache", f"tpukit run keeps compiled graphs in {path}")
+        fix = f"set {compile_cache.SETTING_VARIABLE} to a writable folder (0 turns it off)"
+        said = f"tpukit run's compile cache {path}"
     if problem:
-        result.findings.append(finding("TPU006", f"tpukit run's compile cache {folder} {problem}: set {compile_cache.SETTING_VARIABLE} to a writable folder (0 turns it off)"))
+        result.findings.append(finding("TPU006", f"{said} {problem}: {fix}"))
     return result
 
 

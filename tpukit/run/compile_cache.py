@@ -47,6 +47,19 @@ def default_folder(env: dict) -> Path:
     return Path(base) / "tpukit" / "xla-compile-cache"
 
 
+def named_folder(env: dict) -> tuple[str | None, str]:
+    """The folder the environment names for the cache, and who named it: (None, "off") for
+    TPUKIT_COMPILE_CACHE=0, the user's XLA_PERSISTENT_CACHE_PATH ("user"), else
+    TPUKIT_COMPILE_CACHE or tpukit's default folder ("tpukit"). What `tpukit run` uses without
+    an option, and what `tpukit doctor` checks."""
+    setting = env.get(SETTING_VARIABLE, "")
+    if setting.lower() in OFF:
+        return None, "off"
+    if env.get(PATH_VARIABLE):
+        return env[PATH_VARIABLE], "user"
+    return str(setting or default_folder(env)), "tpukit"
+
+
 def choose(env: dict, option: str | None, enabled: bool, started: bool) -> CacheChoice:
     """The cache this run uses, and `env` set for it. `option`: --compile-cache DIR; `enabled`:
     no --no-compile-cache; `started`: torch_xla already made its computation cache (the
@@ -54,17 +67,11 @@ def choose(env: dict, option: str | None, enabled: bool, started: bool) -> Cache
     if started:
         path = env.get(PATH_VARIABLE) or None
         return CacheChoice(path, "started", env.get(READ_ONLY_VARIABLE) == "1")
-    setting = env.get(SETTING_VARIABLE, "")
-    if not enabled or (option is None and setting.lower() in OFF):
+    path, source = (option, "option") if option is not None else named_folder(env)
+    if not enabled or path is None:
         env.pop(PATH_VARIABLE, None)
         env.pop(READ_ONLY_VARIABLE, None)
         return CacheChoice(None, "off")
-    if option is not None:
-        path, source = option, "option"
-    elif env.get(PATH_VARIABLE):
-        path, source = env[PATH_VARIABLE], "user"
-    else:
-        path, source = str(setting or default_folder(env)), "tpukit"
     try:
         os.makedirs(path, exist_ok=True)
         writable = os.access(path, os.W_OK)

@@ -18,30 +18,28 @@ import re
 
 import libcst as cst
 
-from tpukit.migrate.analysis import catalog as K
 from tpukit.migrate.analysis.device_data import device_data, on_device
+from tpukit.migrate.analysis.steps import find_steps
 from tpukit.migrate.nodes import walk
 from tpukit.migrate.transforms.base import Transform, transform
 
 HELPER = "_xla_put"  # helpers.py
 # `name[name...] =`: a subscript written at a position that is not a literal
 _POSITION_WRITE = re.compile(r"\w\[\s*[A-Za-z_][\w\s+\-]*\]\s*=[^=]")
-_READS = ("cpu", "item", "numpy", "tolist")  # methods that read a tensor to the host
-_BARRIERS = {"torch_xla.sync", "torch_xla.core.xla_model.mark_step",
-             "torch_xla.core.xla_model.optimizer_step"}
 
 
 @transform("TPU510")
 class PositionWrites(Transform):
-    uses = frozenset({"device_data", "values"})
+    uses = frozenset({"device_data", "steps", "values"})
 
     def __init__(self, rule, ctx) -> None:
         super().__init__(rule, ctx)
         # enclosing loops: (position variable or "", whether an iteration syncs, the loop)
         self.loops: list[tuple[str, bool, cst.For]] = []
+        self.reads: dict[int, cst.Subscript | None] = {}  # id(loop) -> _position_read's
 
     def visit_For(self, node: cst.For) -> None:
-        self.loops.append((self._position_variable(node), self._syncs(node.body), node))
+        self.loops.append((self._position_variable(node), self._syncs(node), node))
 
     def leave_For(self, original: cst.For, updated: cst.For):
         self.loops.pop()
@@ -60,20 +58,13 @@ class PositionWrites(Transform):
         return (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name)
                 and expr.func.value == name and not self.ctx.values.bindings(expr.func))
 
-    def _syncs(self, body: cst.CSTNode) -> bool:
-        """Does an iteration end a graph: a host read (`.cpu()`, `.item()`, `.numpy()`,
-        `.tolist()`), a barrier, or an optimizer's step (a barrier follows it once ported)?"""
-        for node in walk(body):
-            if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
-                continue
-            if node.func.attr.value in _READS and not node.args:
-                return True
-            if self.ctx.qualify(node.func) in _BARRIERS:
-                return True
-            if node.func.attr.value == "step" and K.OPTIMIZER in self.ctx.values.kinds(
-                    node.func.value):
-                return True
-        return False
+    def _syncs(self, loop: cst.For | cst.While) -> bool:
+        """Does an iteration end a graph: a host read (`.cpu()`, `.item()`, ...), a barrier or
+        an optimizer step (a barrier follows it once ported), in its body or a loop nested in
+        it (steps.find_steps: each loop's own statements, once per loop for every rule)?"""
+        steps = find_steps(self.ctx, loop)
+        return (steps.first_host_read is not None or steps.has_barrier or bool(steps.step_lines)
+                or any(self._syncs(inner) for inner in steps.inner_loops))
 
     def _position(self, expr: cst.BaseExpression) -> bool:
         """An int a syncing position loop gives: its variable (the innermost loop that binds
@@ -94,6 +85,11 @@ class PositionWrites(Transform):
         loop = next((node for name, syncs, node in reversed(self.loops) if name and syncs), None)
         if loop is None:
             return None
+        if id(loop) not in self.reads:  # asked once per write: the loop's answer is one
+            self.reads[id(loop)] = self._first_position_read(loop)
+        return self.reads[id(loop)]
+
+    def _first_position_read(self, loop: cst.For) -> cst.Subscript | None:
         data = device_data(self.ctx, _POSITION_WRITE)
         inside = list(walk(loop.body))
         stores = {id(n.target) for n in inside if isinstance(n, (cst.AssignTarget, cst.AugAssign))}
