@@ -174,3 +174,39 @@ def test_rollout_writes_at_index_tensors_compile_the_same_graphs_for_every_posit
         assert runs["ported", n][1] == runs["unported", n][1]  # the same training
     assert runs["ported", 12][0] == runs["ported", 4][0]
     assert runs["unported", 12][0] >= runs["unported", 4][0] + 8
+
+
+@pytest.mark.xla
+def test_a_queue_pointer_kept_on_the_device_compiles_the_same_graphs_for_every_position(tmp_path):
+    """fixtures/contrastive_queue (MoCo's queue) ported with TPU511 (`_xla_pointer`,
+    `_xla_put_slice`) against the same port without it (`int(self.queue_ptr)` read back, the
+    slice written at it): the same queue and loss; the port's compiles do not grow with the
+    steps (positions), the other's grow by a graph per new position until the pointer wraps."""
+    from tpukit.migrate.engine import MigrateOptions, migrate_source
+    from tpukit.rules import select_rules
+
+    source = (FIXTURES / "contrastive_queue" / "cuda.py").read_text()
+    ported = migrate_source(source, "cuda.py", MigrateOptions(
+        rules=select_rules([], []), target="xla")).new_source
+    unported = migrate_source(source, "cuda.py", MigrateOptions(
+        rules=select_rules([], ["TPU511"]), target="xla")).new_source
+    assert "_xla_pointer(self.queue_ptr)" in ported and "_xla_pointer" not in unported
+    paths = {"ported": tmp_path / "ported.py", "unported": tmp_path / "unported.py"}
+    for name, code in (("ported", ported), ("unported", unported)):
+        paths[name].write_text(code)
+    runs = {}
+    for name in paths:
+        for steps in (3, 7):
+            env = xla_cpu_env(OMP_NUM_THREADS="1")
+            proc = subprocess.run([sys.executable, "-c", RUNNER, str(paths[name]), "--steps",
+                                   str(steps)], cwd=tmp_path, env=env, capture_output=True,
+                                  text=True, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            runs[name, steps] = (
+                int(re.search(r"^XLA_COMPILES (\d+)$", proc.stdout, re.M).group(1)),
+                re.search(r"^queue sum: (\S+)$", proc.stdout, re.M).group(1),
+                re.search(r"^final loss: (\S+)$", proc.stdout, re.M).group(1))
+    for steps in (3, 7):
+        assert runs["ported", steps][1:] == runs["unported", steps][1:]  # the same training
+    assert runs["ported", 7][0] == runs["ported", 3][0]
+    assert runs["unported", 7][0] >= runs["unported", 3][0] + 4  # 8 positions of a 32-slot queue

@@ -241,6 +241,77 @@ def _xla_put(buffer, index, value):
     position = torch.tensor([index % buffer.shape[0]], device=buffer.device)
     buffer.index_copy_(0, position, value.expand(buffer.shape[1:]).unsqueeze(0))
 ''',
+    "_xla_pointer": '''
+def _xla_pointer(value):
+    """`int(value)` of a position the code keeps in a tensor (a queue's pointer), kept on the
+    device (inserted by tpukit): read back, it made the host wait at every call and put the
+    position into the graph as a constant, one compile per position. A one-element integer
+    tensor off the host gives a 0-d copy of itself; anything else is `int(value)`."""
+    if (isinstance(value, torch.Tensor) and value.device.type != "cpu" and value.numel() == 1
+            and not value.dtype.is_floating_point and not value.dtype.is_complex
+            and value.dtype != torch.bool):
+        return value.detach().reshape(()).clone()
+    return int(value)
+''',
+    "_xla_put_slice": '''
+def _xla_put_slice(buffer, dim, start, stop, value):
+    """`buffer[:, ..., start:stop] = value`, the slice in dimension `dim` (`stop` None:
+    `buffer[:, ..., start] = value`), with bounds held in tensors, as one graph for every
+    position (inserted by tpukit): the bounds stay data instead of constants of the graph.
+    Python's slice rules hold (negative bounds count from the end, then are clamped); the value
+    is cast and broadcast as the assignment would. Bounds that are ints, or a buffer that is
+    not a tensor, are assigned as written."""
+    bounds = (start,) if stop is None else (start, stop)
+    if not (isinstance(buffer, torch.Tensor)
+            and any(isinstance(b, torch.Tensor) for b in bounds)):
+        index = start if stop is None else slice(start, stop)
+        buffer[(slice(None),) * dim + (index,)] = value
+        return
+    size = buffer.shape[dim]
+
+    def bound(b):
+        b = torch.as_tensor(b, device=buffer.device)
+        return torch.where(b < 0, b + size, b).clamp(0, size)
+
+    positions = torch.arange(size, device=buffer.device)
+    value = torch.as_tensor(value, dtype=buffer.dtype, device=buffer.device)
+    rows = buffer.dim() - (stop is None)  # the dimensions the value broadcasts to
+    while value.dim() > rows and value.shape[0] == 1:
+        value = value[0]  # leading 1s, dropped as `__setitem__` drops them
+    value = value.reshape((1,) * (rows - value.dim()) + tuple(value.shape))
+    if stop is None:
+        inside = positions == bound(start)
+        value = value.unsqueeze(dim)
+    elif value.shape[dim] == 0:
+        return  # an empty value fits an empty slice only: nothing is written
+    else:
+        low, high = bound(start), bound(stop)
+        inside = (positions >= low) & (positions < high)
+        value = value.index_select(dim, (positions - low).clamp(0, value.shape[dim] - 1))
+    along = [1] * buffer.dim()
+    along[dim] = size
+    buffer.copy_(torch.where(inside.reshape(along), value.expand(buffer.shape), buffer))
+''',
+    "_xla_deferred": '''
+def _xla_deferred(value, read=None):
+    """`value.item()` (`read(value)` for `float(value)`, `int(value)`) of a number the code
+    only sums for its logs, left on the device (inserted by tpukit): read back every step, it
+    made the host wait for the device at each. A one-element tensor off the host is given as a
+    0-d tensor (half precision widened to float32), summed on the device and read back where
+    the code uses the sum (`_xla_value`); anything else is read as written."""
+    if (isinstance(value, torch.Tensor) and value.device.type != "cpu" and value.numel() == 1
+            and value.dtype != torch.bool and not value.dtype.is_complex
+            and (read is None or (read is float) == value.dtype.is_floating_point)):
+        value = value.detach().reshape(())
+        return value.float() if value.dtype in (torch.float16, torch.bfloat16) else value
+    return value.item() if read is None else read(value)
+''',
+    "_xla_value": '''
+def _xla_value(value):
+    """The number a sum kept on the device (`_xla_deferred`) holds, read back where the code
+    uses it (inserted by tpukit); anything else as it is."""
+    return value.item() if isinstance(value, torch.Tensor) else value
+''',
     "_tensor_on_host": '''
 def _tensor_on_host(value):
     """What a loop reads element by element to the host, copied there at once (inserted by
@@ -259,6 +330,10 @@ IMPORTS_OF: dict[str, tuple[str, ...]] = {**{name: () for name, _ in library_mod
                                           "_inputs_to_device": ("torch",),
                                           "_tensor_on_host": ("torch",),
                                           "_xla_put": ("torch",),
+                                          "_xla_pointer": ("torch",),
+                                          "_xla_put_slice": ("torch",),
+                                          "_xla_deferred": ("torch",),
+                                          "_xla_value": ("torch",),
                                           "_xla_weight_norm": ("torch",),
                                           "_TpuModuleHolder": ("torch",),
                                           "_tensors_to": ("torch",),

@@ -2,7 +2,7 @@
 a torch factory given `device=` made, what a function of the file that returns one gives, and
 the parameters such variables are passed to. By the dataflow's symbols (a name in its scope),
 never by spelling. Read by the rules whose cost is a device tensor indexed at Python ints
-(TPU505's slices, TPU510's position writes)."""
+(TPU505's slices, TPU510's position writes, TPU511's pointers read back)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import re
 import libcst as cst
 
 from tpukit.migrate.analysis import catalog as K
+from tpukit.migrate.analysis.bindings import Assigned
 from tpukit.migrate.analysis.host_values import host_value
 from tpukit.migrate.context import is_cuda_device_string
 from tpukit.migrate.device_facts import is_device_value
@@ -152,3 +153,31 @@ def on_device(ctx, node: cst.Name, data: _DeviceData | None) -> bool:
         if node.value in {p.name.value for p in function.params.params}:
             return False  # a parameter nobody passes device data to
     return data.holds(node)
+
+
+def int_read(ctx, node: cst.CSTNode) -> bool:
+    """`int(x)`: the builtin `int` given one positional argument that is not a literal (a
+    position read back from a tensor, `int(self.queue_ptr)`, when `x` is one)."""
+    return (isinstance(node, cst.Call) and isinstance(node.func, cst.Name)
+            and node.func.value == "int" and not ctx.values.bindings(node.func)
+            and len(node.args) == 1 and node.args[0].keyword is None and not node.args[0].star
+            and not isinstance(node.args[0].value, (cst.Integer, cst.Float, cst.SimpleString)))
+
+
+def reads_back(ctx, expr: cst.BaseExpression | None) -> bool:
+    """Does `expr` read a variable some binding of which is `int(x)` (TPU511's pointers)?"""
+    if expr is None:
+        return False
+    return any(isinstance(b, Assigned) and not b.path and int_read(ctx, b.value)
+               for name in scan_names(expr) for b in ctx.values.bindings(name))
+
+
+def scan_names(expr: cst.BaseExpression):
+    """The Name nodes of an arithmetic expression (`ptr + n`)."""
+    if isinstance(expr, cst.Name):
+        yield expr
+    elif isinstance(expr, cst.BinaryOperation):
+        yield from scan_names(expr.left)
+        yield from scan_names(expr.right)
+    elif isinstance(expr, cst.UnaryOperation):
+        yield from scan_names(expr.expression)

@@ -15,7 +15,7 @@ import re
 
 import libcst as cst
 
-from tpukit.migrate.analysis.device_data import device_data, on_device
+from tpukit.migrate.analysis.device_data import device_data, on_device, reads_back
 from tpukit.migrate.transforms.base import Transform, transform
 
 # A file worth the pre-pass: a slice with a bound that is not a literal, and a move to a device.
@@ -80,6 +80,8 @@ class DeviceSliceOffset(Transform):
         fix = (f"{name}.index_select({dim}, torch.arange({size})[{bounds}].to({name}.device))")
         message = self.say("slice", code=self.ctx.short(original), fix=fix)
         if id(original) in self.stores:
+            if reads_back(self.ctx, part.lower) or reads_back(self.ctx, part.upper):
+                return None  # an offset read back from a tensor: TPU511's pointer
             self.ctx.report(self.rule, original, message + self.say("written_to"), applied=False)
             return None
         return self.fix_or_report(original, message, lambda: self.ctx.expr(fix))
