@@ -191,6 +191,23 @@ def walk(*nodes: cst.CSTNode):
         stack.extend(reversed(children(node)))
 
 
+def parent_map(root: cst.CSTNode) -> dict[int, cst.CSTNode]:
+    """id() of each node under `root` -> its parent."""
+    found = {}
+    for node in walk(root):
+        for child in children(node):
+            found[id(child)] = node
+    return found
+
+
+def ancestors(node: cst.CSTNode, parents: dict[int, cst.CSTNode], stop: cst.CSTNode):
+    """The nodes above `node` (nearest first), up to `stop`, which is left out."""
+    node = parents.get(id(node))
+    while node is not None and node is not stop:
+        yield node
+        node = parents.get(id(node))
+
+
 def name_uses(name: str, *scopes: cst.CSTNode):
     """Each `Name` node spelled `name` in `scopes` (a variable's reads and bindings, an
     attribute or keyword of that name too: the caller tells them apart), in source order, as

@@ -103,6 +103,17 @@ class Transform:
                         applied=False, fix=FixKind.NONE, severity=Severity.WARNING)
         return True
 
+    def per_function(self, cache: dict, analyse):
+        """`analyse(function)` of the innermost `def` being walked, once per function (kept in
+        the rule's own `cache`); None outside any."""
+        function = next((f for f in reversed(self.ctx.functions)
+                         if isinstance(f, cst.FunctionDef)), None)
+        if function is None:
+            return None
+        if id(function) not in cache:
+            cache[id(function)] = analyse(function)
+        return cache[id(function)]
+
     def fix_or_report(self, node: cst.CSTNode, message: str, build, fix: FixKind | None = None,
                       **extra):
         """Report `node`; return `build()` when this rule may fix it here, else None. `fix`: this

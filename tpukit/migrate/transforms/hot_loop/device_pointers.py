@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from tpukit.migrate.analysis.device_data import int_read
-from tpukit.migrate.nodes import children, walk
+from tpukit.migrate.nodes import ancestors, parent_map, walk
 from tpukit.migrate.transforms.base import Transform, transform
 
 POINTER, PUT = "_xla_pointer", "_xla_put_slice"  # helpers.py
@@ -50,13 +50,6 @@ class _Plan:
         self.writes = {id(w[0]): (p, w) for p in pointers for w in p.writes}
 
 
-def _parents(root: cst.CSTNode) -> dict[int, cst.CSTNode]:
-    found = {}
-    for node in walk(root):
-        for child in children(node):
-            found[id(child)] = node
-    return found
-
 
 def _full_slice(element: cst.SubscriptElement) -> bool:
     s = element.slice
@@ -73,16 +66,10 @@ class DevicePointers(Transform):
 
     # -- the analysis, once per function --------------------------------------------------
     def _plan(self) -> _Plan | None:
-        function = next((f for f in reversed(self.ctx.functions)
-                         if isinstance(f, cst.FunctionDef)), None)
-        if function is None:
-            return None
-        if id(function) not in self.plans:
-            self.plans[id(function)] = self._analyse(function)
-        return self.plans[id(function)]
+        return self.per_function(self.plans, self._analyse)
 
     def _analyse(self, function: cst.FunctionDef) -> _Plan:
-        parents = _parents(function)
+        parents = parent_map(function)
         pointers = []
         for node in walk(function.body):
             if not (isinstance(node, cst.Assign) and len(node.targets) == 1
@@ -122,7 +109,7 @@ class DevicePointers(Transform):
         tensor; else the node that needs the int (reported)."""
         if any(isinstance(n, (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.ListComp,
                               cst.SetComp, cst.DictComp, cst.GeneratorExp))
-               for n in self._ancestors(node, parents, function)):
+               for n in ancestors(node, parents, function)):
             return node  # seen from another scope: a closure keeps it
         parent = parents.get(id(node))
         if isinstance(parent, cst.AssignTarget):  # `ptr = ...`: a rebinding
@@ -182,13 +169,6 @@ class DevicePointers(Transform):
         if all(w[0] is not assign for w in pointer.writes):
             pointer.writes.append(write)
         return None
-
-    @staticmethod
-    def _ancestors(node, parents, function):
-        node = parents.get(id(node))
-        while node is not None and node is not function:
-            yield node
-            node = parents.get(id(node))
 
     # -- the rewrite ------------------------------------------------------------------------
     def leave_Call(self, original: cst.Call, updated: cst.Call):

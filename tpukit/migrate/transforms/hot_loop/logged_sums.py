@@ -26,7 +26,7 @@ import libcst as cst
 
 from tpukit.migrate.analysis.bindings import Assigned
 from tpukit.migrate.analysis.steps import find_steps, loader_in_iter
-from tpukit.migrate.nodes import children, walk
+from tpukit.migrate.nodes import ancestors, parent_map, walk
 from tpukit.migrate.transforms.base import Transform, transform
 
 DEFERRED, VALUE = "_xla_deferred", "_xla_value"  # helpers.py
@@ -44,13 +44,6 @@ class _Plan:
     reads: dict[int, tuple[cst.Call, cst.AugAssign]] = field(default_factory=dict)
     loads: set[int] = field(default_factory=set)  # id() of Name reads of a sum: wrapped
 
-
-def _parents(root: cst.CSTNode) -> dict[int, cst.CSTNode]:
-    found = {}
-    for node in walk(root):
-        for child in children(node):
-            found[id(child)] = node
-    return found
 
 
 def _number(expr: cst.BaseExpression) -> bool:
@@ -78,13 +71,7 @@ class LoggedSums(Transform):
 
     # -- the analysis, once per function --------------------------------------------------
     def _plan(self) -> _Plan | None:
-        function = next((f for f in reversed(self.ctx.functions)
-                         if isinstance(f, cst.FunctionDef)), None)
-        if function is None:
-            return None
-        if id(function) not in self.plans:
-            self.plans[id(function)] = self._analyse(function)
-        return self.plans[id(function)]
+        return self.per_function(self.plans, self._analyse)
 
     def _read(self, node: cst.CSTNode) -> bool:
         """`t.item()`, `float(t)`, `int(t)`: a number read back."""
@@ -133,7 +120,7 @@ class LoggedSums(Transform):
 
     def _analyse(self, function: cst.FunctionDef) -> _Plan:
         plan = _Plan()
-        parents = _parents(function)
+        parents = parent_map(function)
         sums: dict[object, list[tuple[cst.AugAssign, list[cst.Call]]]] = {}
         for node in walk(function.body):
             if isinstance(node, cst.AugAssign) and isinstance(node.target, cst.Name) \
@@ -158,15 +145,8 @@ class LoggedSums(Transform):
                     plan.reads[id(read)] = (read, aug)
         return plan
 
-    @staticmethod
-    def _ancestors(node, parents, function):
-        node = parents.get(id(node))
-        while node is not None and node is not function:
-            yield node
-            node = parents.get(id(node))
-
     def _loop(self, node, parents, function):
-        return next((n for n in self._ancestors(node, parents, function)
+        return next((n for n in ancestors(node, parents, function)
                      if isinstance(n, (cst.For, cst.While))), None)
 
     def _ends_graph(self, loop) -> bool:
@@ -188,7 +168,7 @@ class LoggedSums(Transform):
             if isinstance(parent, cst.Attribute) and parent.attr is node \
                     or isinstance(parent, cst.Arg) and parent.keyword is node:
                 continue
-            above = list(self._ancestors(node, parents, function))
+            above = list(ancestors(node, parents, function))
             if any(isinstance(n, _SCOPES) for n in above):
                 return None  # seen from another scope
             if isinstance(parent, cst.AssignTarget):
