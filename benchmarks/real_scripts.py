@@ -33,6 +33,7 @@ import random
 import re
 import shutil
 import signal
+import statistics
 import struct
 import subprocess
 import sys
@@ -46,6 +47,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "benchmarks" / "corpus" / "real_scripts.toml"
+# The tpukit the runs import (first on their PYTHONPATH): this checkout's, or --tpukit's (a
+# worktree of an earlier commit, for the table of before and after, benchmarks/proof_table.py)
+CODE_ROOT = ROOT
 LOSS_RTOL = 0.05
 # Codes of findings that are CUDA idioms: not the performance hazards (TPU302 ragged last batch,
 # TPU5xx host syncs and shapes) nor run-time findings (TPU70x).
@@ -363,6 +367,16 @@ class Result:
     recompiles_after_warmup: int | None = None   # not counting a long warm-up's (below)
     recompiles_in_long_warmup: int | None = None
     compiles: int | None = None
+    # What the port's run costs after warm-up (issue 48's table, benchmarks/proof_table.py):
+    # distinct graphs, CPU fallbacks in all and by op, and per steady training step the median
+    # CPU fallbacks and device-to-host transfers; the median steady step time
+    graphs: int | None = None
+    fallbacks: int | None = None
+    fallback_ops: dict[str, int] = field(default_factory=dict)
+    fallbacks_per_step: float | None = None
+    host_reads_per_step: float | None = None
+    step_time_s: float | None = None
+    run_findings: list[str] = field(default_factory=list)  # the run report's, dearest first
     loss: str = "n/a"                # ok | differ | n/a (...): printed losses, by regex
     loss_detail: str = ""
     # `tpukit verify`: match | diverged | incomparable | error | n/a, and its summary's figures
@@ -626,7 +640,7 @@ def tpukit(python: str, *args: str, cwd: Path, env: dict) -> subprocess.Complete
 
 def base_env(entry: dict, tree: Path, sites: list[Path], seed_dir: Path | None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PJRT_", "XLA_", "PT_XLA_"))}
-    paths = [str(ROOT)] + [str(s) for s in sites]
+    paths = [str(CODE_ROOT)] + [str(s) for s in sites]
     if seed_dir is not None:
         paths.append(str(seed_dir))
     paths += [str(tree / p) for p in entry.get("pythonpath", [])]
@@ -741,6 +755,8 @@ def run_entry(entry: dict, mirrors: Path, work: Path, python: str, sites: list[P
             r.outcome = summary.get("outcome", "")
             r.steps = summary.get("steps")
             r.compiles = summary.get("compiles")
+            read_costs(r, summary)
+            r.run_findings = [_finding_line(f, port) for f in findings[:8]]
             after = summary.get("recompiles_after_warmup")
             r.recompiles_in_long_warmup = summary.get("recompiles_in_long_warmup", 0)
             r.recompiles_after_warmup = None if after is None else after - (r.recompiles_in_long_warmup or 0)
@@ -786,6 +802,38 @@ def run_entry(entry: dict, mirrors: Path, work: Path, python: str, sites: list[P
                          python, sites, seed_dir, timeout)
     r.reason = reason_of(r)
     return r
+
+
+SCALAR_READ_OP = "aten::_local_scalar_dense"  # `.item()`: a host read (TPU703), not a fallback
+
+
+def read_costs(r: Result, summary: dict) -> None:
+    """The port's costs from its run report: distinct graphs, CPU fallbacks (in all, by op,
+    and the median per steady training step), device-to-host transfers per steady training
+    step (median) and the median steady step time. Steady: complete, past warm-up, a training
+    step (not an evaluation batch)."""
+    r.graphs = summary.get("distinct_graphs")
+    r.fallbacks = summary.get("fallbacks")
+    records = summary.get("step_records", [])
+    for s in records:
+        for op, n in s.get("fallbacks", {}).items():
+            if op != SCALAR_READ_OP:
+                r.fallback_ops[op] = r.fallback_ops.get(op, 0) + n
+    steady = [s for s in records if s.get("complete") and not s.get("warmup")
+              and s.get("kind", "train") == "train"]
+    if steady:
+        r.fallbacks_per_step = statistics.median(
+            sum(n for op, n in s.get("fallbacks", {}).items() if op != SCALAR_READ_OP)
+            for s in steady)
+        r.host_reads_per_step = statistics.median(s.get("host_transfers", 0) for s in steady)
+    r.step_time_s = summary.get("step_time_median_s")
+
+
+def _finding_line(finding: dict, tree: Path) -> str:
+    path = finding.get("path") or ""
+    if path.startswith(str(tree) + os.sep):
+        path = os.path.relpath(path, tree)
+    return f"{finding.get('code')} {path}:{finding.get('line')}: {finding.get('message', '')[:160]}"
 
 
 def verify_entry(r: Result, entry: dict, orig: Path, port: Path, cwd_rel: str, args: list[str],
@@ -849,7 +897,12 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="keep each script's folders and logs under this folder")
     parser.add_argument("--verify-only", action="store_true",
                         help="migrate and `tpukit verify` each script; no separate runs")
+    parser.add_argument("--tpukit", type=Path, default=ROOT, metavar="DIR",
+                        help="the tpukit source tree the runs use (default: this checkout; a "
+                             "worktree of an earlier commit gives its figures)")
     args = parser.parse_args()
+    global CODE_ROOT
+    CODE_ROOT = args.tpukit.resolve()
     entries = load_manifest(args.manifest)
     only = {n for x in args.only for n in x.split(",") if n}
     if only:
@@ -884,7 +937,10 @@ def main() -> int:
     print(render_table(results))
     print(summary_line(results))
     if args.json:
+        commit = subprocess.run(["git", "-C", str(CODE_ROOT), "rev-parse", "HEAD"],
+                                capture_output=True, text=True).stdout.strip()
         args.json.write_text(json.dumps({"date": started.isoformat(), "rtol": LOSS_RTOL,
+                                         "tpukit": commit,
                                          "results": [asdict(r) for r in results]}, indent=2))
     return 0
 

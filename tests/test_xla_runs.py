@@ -210,3 +210,71 @@ def test_a_queue_pointer_kept_on_the_device_compiles_the_same_graphs_for_every_p
         assert runs["ported", steps][1:] == runs["unported", steps][1:]  # the same training
     assert runs["ported", 7][0] == runs["ported", 3][0]
     assert runs["unported", 7][0] >= runs["unported", 3][0] + 4  # 8 positions of a 32-slot queue
+
+
+EVALUATE = '''
+import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--batches", type=int, default=4)
+args = parser.parse_args()
+torch.manual_seed(0)
+device = torch.device("cuda")
+model = nn.Linear(8, 3).to(device)
+samples = args.batches * 16
+data = TensorDataset(torch.randn(samples, 8), torch.randint(0, 3, (samples,)))
+loader = DataLoader(data, batch_size=16)
+
+
+def evaluate():
+    total = 0
+    correct = 0
+    with torch.no_grad():
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            out = model(x)
+            total += F.cross_entropy(out, y, reduction="sum").item()
+            correct += (out.argmax(1) == y).sum().item()
+    print(f"loss sum: {total:.4f} correct: {correct}")
+
+
+evaluate()
+'''
+TRANSFERS = RUNNER.replace('"CompileTime"', '"TransferFromDeviceTime"').replace(
+    "XLA_COMPILES", "XLA_TRANSFERS")
+
+
+@pytest.mark.xla
+def test_sums_kept_on_the_device_print_the_same_with_reads_that_do_not_grow(tmp_path):
+    """pytorch/examples' evaluation loop (`total += loss.item()`, `correct += ....item()`)
+    ported with TPU512 (`_xla_deferred`, `_xla_value`) against the same port without it: the
+    same printed sums; the port reads the device back the same number of times whatever the
+    number of batches, the other twice a batch."""
+    from tpukit.migrate.engine import MigrateOptions, migrate_source
+    from tpukit.rules import select_rules
+
+    runs = {}
+    for name, off in (("ported", []), ("unported", ["TPU512"])):
+        code = migrate_source(EVALUATE, "cuda.py", MigrateOptions(
+            rules=select_rules([], off), target="xla")).new_source
+        assert ("_xla_deferred(" in code) == (name == "ported")
+        path = tmp_path / f"{name}.py"
+        path.write_text(code)
+        for batches in (2, 6):
+            proc = subprocess.run([sys.executable, "-c", TRANSFERS, str(path), "--batches",
+                                   str(batches)], cwd=tmp_path, env=xla_cpu_env(
+                                       OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                                  timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            runs[name, batches] = (
+                int(re.search(r"^XLA_TRANSFERS (\d+)$", proc.stdout, re.M).group(1)),
+                re.search(r"^loss sum: .*$", proc.stdout, re.M).group(0))
+    for batches in (2, 6):
+        assert runs["ported", batches][1] == runs["unported", batches][1]  # the same sums
+    assert runs["ported", 6][0] == runs["ported", 2][0]
+    assert runs["unported", 6][0] == runs["unported", 2][0] + 8  # two reads a batch
