@@ -53,7 +53,8 @@ def test_a_rule_imports_no_other_rule():
 
 def _reads(path) -> set[str]:
     """The analyses a module reads: the tpukit/migrate/analysis modules it imports (catalog is
-    a data table, not an analysis), `ctx.values` and `ctx.device_expr` (device_facts)."""
+    a data table, not an analysis), `ctx.values` and `ctx.device_expr` (device_facts), and
+    what the family's common.py it imports reads."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.module:
@@ -61,6 +62,9 @@ def _reads(path) -> set[str]:
                 found.add(node.module.split(".")[3])
             elif node.module == "tpukit.migrate.analysis":
                 found.update(alias.name for alias in node.names)
+            elif node.module.startswith("tpukit.migrate.transforms.") and \
+                    node.module.endswith(".common"):  # a family's shared code reads for it
+                found |= _reads(ROOT.joinpath(*node.module.split(".")).with_suffix(".py"))
         elif isinstance(node, ast.Attribute) and node.attr in ("values", "device_expr"):
             base = node.value
             if (isinstance(base, ast.Name) and base.id == "ctx") or (

@@ -25,31 +25,17 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from tpukit.migrate.analysis.bindings import Assigned
-from tpukit.migrate.analysis.steps import find_steps, loader_in_iter
 from tpukit.migrate.nodes import ancestors, parent_map, walk
 from tpukit.migrate.transforms.base import Transform, transform
-
-DEFERRED, VALUE = "_xla_deferred", "_xla_value"  # helpers.py
-_SUMS = (cst.AddAssign, cst.SubtractAssign)
-_UPDATES = (cst.AddAssign, cst.SubtractAssign, cst.MultiplyAssign, cst.DivideAssign,
-            cst.FloorDivideAssign)
-_ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide)
-_COUNTS = ("size", "numel", "dim")  # tensor methods that return an int
-_SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.ListComp, cst.SetComp, cst.DictComp,
-           cst.GeneratorExp)
-
+from tpukit.migrate.transforms.hot_loop.common import (
+    _SCOPES, _SUMS, _UPDATES, DEFERRED, VALUE, _number, counted, deferred_read, enclosing_loop,
+    ends_graph, read_call, reads_in)
 
 @dataclass
 class _Plan:
     reads: dict[int, tuple[cst.Call, cst.AugAssign]] = field(default_factory=dict)
     loads: set[int] = field(default_factory=set)  # id() of Name reads of a sum: wrapped
 
-
-
-def _number(expr: cst.BaseExpression) -> bool:
-    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
-        expr = expr.expression
-    return isinstance(expr, (cst.Integer, cst.Float))
 
 
 @transform("TPU512")
@@ -73,51 +59,6 @@ class LoggedSums(Transform):
     def _plan(self) -> _Plan | None:
         return self.per_function(self.plans, self._analyse)
 
-    def _read(self, node: cst.CSTNode) -> bool:
-        """`t.item()`, `float(t)`, `int(t)`: a number read back."""
-        if not isinstance(node, cst.Call):
-            return False
-        if isinstance(node.func, cst.Attribute):
-            return node.func.attr.value == "item" and not node.args
-        return (isinstance(node.func, cst.Name) and node.func.value in ("float", "int")
-                and not self.ctx.values.bindings(node.func) and len(node.args) == 1
-                and node.args[0].keyword is None and not node.args[0].star
-                and not _number(node.args[0].value)
-                and not isinstance(node.args[0].value, cst.SimpleString))
-
-    def _count(self, expr: cst.BaseExpression, depth: int = 0) -> bool:
-        """A number the code counts: a literal, `len(...)`, `x.size(...)`, `x.numel()`,
-        `x.shape[i]`, or a local bound only to such."""
-        if _number(expr):
-            return True
-        if isinstance(expr, cst.Call):
-            func = expr.func
-            return (isinstance(func, cst.Name) and func.value == "len"
-                    and not self.ctx.values.bindings(func)) or (
-                isinstance(func, cst.Attribute) and func.attr.value in _COUNTS)
-        if isinstance(expr, cst.Subscript):
-            return isinstance(expr.value, cst.Attribute) and expr.value.attr.value == "shape"
-        if isinstance(expr, cst.Name) and depth < 3:
-            bindings = self.ctx.values.bindings(expr)
-            return bool(bindings) and all(isinstance(b, Assigned) and not b.path
-                                          and self._count(b.value, depth + 1) for b in bindings)
-        return False
-
-    def _sum_of_reads(self, expr: cst.BaseExpression) -> list[cst.Call] | None:
-        """The reads an added value is made of (`loss.item() * data.size(0)`), or None when
-        something else is in it."""
-        if self._read(expr):
-            return [expr]
-        if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
-            return self._sum_of_reads(expr.expression)
-        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, _ARITHMETIC):
-            sides = [self._sum_of_reads(s) if not self._count(s) else [] for s in
-                     (expr.left, expr.right)]
-            if None in sides:
-                return None
-            return sides[0] + sides[1]
-        return None
-
     def _analyse(self, function: cst.FunctionDef) -> _Plan:
         plan = _Plan()
         parents = parent_map(function)
@@ -125,7 +66,7 @@ class LoggedSums(Transform):
         for node in walk(function.body):
             if isinstance(node, cst.AugAssign) and isinstance(node.target, cst.Name) \
                     and isinstance(node.operator, _SUMS):
-                reads = self._sum_of_reads(node.value)
+                reads = reads_in(self.ctx.values, node.value)
                 if reads:
                     symbol = self.ctx.values.symbol(node.target)
                     sums.setdefault(symbol, []).append((node, reads))
@@ -133,8 +74,8 @@ class LoggedSums(Transform):
         for symbol, found in sums.items():
             if symbol is None or symbol[1] != id(scope):
                 continue  # a global or a closure's: read elsewhere too
-            loops = [self._loop(aug, parents, function) for aug, _ in found]
-            if any(loop is None or not self._ends_graph(loop) for loop in loops):
+            loops = [enclosing_loop(aug, parents, function) for aug, _ in found]
+            if any(loop is None or not ends_graph(self.ctx, loop) for loop in loops):
                 continue
             loads = self._loads(symbol, found, loops, parents, function)
             if loads is None:
@@ -144,18 +85,6 @@ class LoggedSums(Transform):
                 for read in reads:
                     plan.reads[id(read)] = (read, aug)
         return plan
-
-    def _loop(self, node, parents, function):
-        return next((n for n in ancestors(node, parents, function)
-                     if isinstance(n, (cst.For, cst.While))), None)
-
-    def _ends_graph(self, loop) -> bool:
-        """Each iteration ends a graph once ported: a loader (MpDeviceLoader cuts at every
-        batch), an optimizer step (a barrier follows it) or a barrier."""
-        if isinstance(loop, cst.For) and loader_in_iter(self.ctx, loop):
-            return True
-        steps = find_steps(self.ctx, loop)
-        return bool(steps.step_lines) or steps.has_barrier
 
     def _loads(self, symbol, found, loops, parents, function) -> set[int] | None:
         """The Name reads of the sum to wrap, or None where a use needs it as it was."""
@@ -179,7 +108,7 @@ class LoggedSums(Transform):
                 continue
             if isinstance(parent, cst.AugAssign) and parent.target is node:
                 if id(parent) in sums or (isinstance(parent.operator, _UPDATES)
-                                          and self._count(parent.value)):
+                                          and counted(self.ctx.values, parent.value)):
                     continue
                 return None
             if self._bound_here(node, parent, above):
@@ -225,20 +154,14 @@ class LoggedSums(Transform):
             self.ctx.handled.update(i for i, (_, aug) in plan.reads.items() if aug is node)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
-        if not self._read(original):
+        if not read_call(self.ctx.values, original):
             return None
         plan = self._plan()
         found = plan.reads.get(id(original)) if plan is not None else None
         if found is None:
             return None
         _, aug = found
-        if isinstance(original.func, cst.Attribute):
-            new = cst.Call(func=cst.Name(DEFERRED), args=[cst.Arg(updated.func.value)])
-        else:
-            new = cst.Call(func=cst.Name(DEFERRED), args=[
-                updated.args[0].with_changes(comma=cst.Comma(
-                    whitespace_after=cst.SimpleWhitespace(" "))),
-                cst.Arg(cst.Name(original.func.value))])
+        new = deferred_read(original, updated)
 
         def build():
             self.ctx.helpers_needed.update({DEFERRED, VALUE})
