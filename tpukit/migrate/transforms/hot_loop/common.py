@@ -96,3 +96,16 @@ def deferred_read(original: cst.Call, updated: cst.Call) -> cst.Call:
         updated.args[0].with_changes(comma=cst.Comma(
             whitespace_after=cst.SimpleWhitespace(" "))),
         cst.Arg(cst.Name(original.func.value))])
+
+
+def deferred_fix(rule, original: cst.Call, updated: cst.Call, message: str):
+    """Report the read `original` with `message`; where `rule` may fix it, its deferred form
+    (`deferred_read`), the helpers and torch's import asked for."""
+    new = deferred_read(original, updated)
+
+    def build():
+        rule.ctx.helpers_needed.update({DEFERRED, VALUE})
+        rule.ctx.need_import("torch")
+        return new
+
+    return rule.fix_or_report(original, message, build)

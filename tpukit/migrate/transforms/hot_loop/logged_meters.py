@@ -35,10 +35,8 @@ from tpukit.migrate.analysis.bindings import Assigned, Defined, Parameter, posit
 from tpukit.migrate.nodes import ancestors, parent_map, walk
 from tpukit.migrate.transforms.base import Transform, transform
 from tpukit.migrate.transforms.hot_loop.common import (
-    _ARITHMETIC, DEFERRED, VALUE, deferred_read, enclosing_loop, ends_graph, reads_in)
+    _ARITHMETIC, _SCOPES, DEFERRED, VALUE, deferred_fix, enclosing_loop, ends_graph, reads_in)
 
-_SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.ListComp, cst.SetComp, cst.DictComp,
-           cst.GeneratorExp)
 _NUMBER_CALLS = ("float", "int", "round")
 _TENSOR_DATA = ("torch.tensor", "torch.as_tensor")
 _CONVERSIONS = ("!r", "!s", "!a")
@@ -423,16 +421,9 @@ class LoggedMeters(Transform):
         if found is None:
             return None
         _, receiver = found
-        new = deferred_read(original, updated)
-
-        def build():
-            self.ctx.helpers_needed.update({DEFERRED, VALUE})
-            self.ctx.need_import("torch")
-            return new
-
-        return self.fix_or_report(original, self.say(
+        return deferred_fix(self, original, updated, self.say(
             "meter", code=self.ctx.short(original), name=receiver, helper=DEFERRED,
-            value=VALUE), build)
+            value=VALUE))
 
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
         if id(original) not in self.plan().values:

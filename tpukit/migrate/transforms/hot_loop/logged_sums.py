@@ -28,7 +28,7 @@ from tpukit.migrate.analysis.bindings import Assigned
 from tpukit.migrate.nodes import ancestors, parent_map, walk
 from tpukit.migrate.transforms.base import Transform, transform
 from tpukit.migrate.transforms.hot_loop.common import (
-    _SCOPES, _SUMS, _UPDATES, DEFERRED, VALUE, _number, counted, deferred_read, enclosing_loop,
+    _SCOPES, _SUMS, _UPDATES, DEFERRED, VALUE, _number, counted, deferred_fix, enclosing_loop,
     ends_graph, read_call, reads_in)
 
 @dataclass
@@ -161,16 +161,9 @@ class LoggedSums(Transform):
         if found is None:
             return None
         _, aug = found
-        new = deferred_read(original, updated)
-
-        def build():
-            self.ctx.helpers_needed.update({DEFERRED, VALUE})
-            self.ctx.need_import("torch")
-            return new
-
-        return self.fix_or_report(original, self.say(
+        return deferred_fix(self, original, updated, self.say(
             "sum", code=self.ctx.short(original), name=aug.target.value, helper=DEFERRED,
-            value=VALUE), build)
+            value=VALUE))
 
     def leave_Name(self, original: cst.Name, updated: cst.Name):
         plan = self._plan() if self.ctx.functions else None
