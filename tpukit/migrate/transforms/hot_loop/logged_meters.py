@@ -410,6 +410,8 @@ class LoggedMeters(Transform):
         if "class " in source and any(w in source for w in self.rule.statement_triggers):
             plan = self.plan()
             words |= plan.receivers | plan.attributes
+        else:
+            self._plan = _Plan()  # no class of the file or no read: no meter to prove
         return words
 
     def visit_Call(self, node: cst.Call) -> None:
