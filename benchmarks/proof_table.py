@@ -22,6 +22,8 @@ import json
 import sys
 from pathlib import Path
 
+from tpukit.rules import load_rules
+
 GRAPHS_TARGET = 0.95  # share of rows with no graph compiled after warm-up
 READS_TARGET = 1.0  # device-to-host transfers per steady step
 
@@ -51,6 +53,11 @@ def _cell(after: dict, before: dict | None, key: str) -> str:
     return now if was == now else f"{was} -> {now}"
 
 
+def _lowered_on_tpu() -> dict[str, str]:
+    """The ops torch_xla runs on the CPU on every device but a TPU (TPU702's table)."""
+    return load_rules()["TPU702"].extra.get("lowered_on_tpu", {})
+
+
 def render(after: dict[str, dict], before: dict[str, dict]) -> list[str]:
     lines = ["| script | graphs | after warm-up | fallbacks/step | host reads/step | "
              "step time (s) | ops that fell back |", "|---|---|---|---|---|---|---|"]
@@ -58,7 +65,9 @@ def render(after: dict[str, dict], before: dict[str, dict]) -> list[str]:
         if not _ran(row):
             continue
         was = before.get(name)
-        ops = ", ".join(f"`{op}` x{n}" for op, n in sorted(
+        lowered = _lowered_on_tpu()
+        ops = ", ".join(f"`{op}` x{n}{' (XLA:CPU only: lowered on a TPU)' * (op in lowered)}"
+                        for op, n in sorted(
             row.get("fallback_ops", {}).items(), key=lambda kv: -kv[1])) or "-"
         lines.append(f"| {name} | {_cell(row, was, 'graphs')} | "
                      f"{_cell(row, was, 'recompiles_after_warmup')} | "
@@ -88,6 +97,11 @@ def targets(after: dict[str, dict]) -> list[str]:
         why = next((f for f in r.get("run_findings", []) if f.startswith("TPU703")),
                    "no host-read finding in the report")
         out.append(f"  {r['name']}: {_number(r['host_reads_per_step'])} a step: {why}")
+    lowered = _lowered_on_tpu()
+    falls = [r for r in ran if any(op not in lowered for op in r.get("fallback_ops", {}))]
+    out.append(f"CPU fallbacks a TPU would also run: on {len(falls)}/{len(ran)} rows"
+               + "".join(f"\n  {r['name']}: " + ", ".join(
+                   op for op in r["fallback_ops"] if op not in lowered) for r in falls))
     return out
 
 

@@ -563,3 +563,23 @@ def test_xla_cpu_gets_the_compile_flags_and_a_tpu_never_does():
     assert xla_cpu_compile_flags(mine) is None  # the user's own level stays
     off = {"PJRT_DEVICE": "CPU", "TPUKIT_XLA_CPU_FLAGS": "0"}
     assert xla_cpu_compile_flags(off) is None and "XLA_FLAGS" not in off
+
+
+def test_a_fallback_torch_xla_lowers_on_a_tpu_is_information_off_a_tpu_and_fails_on_one():
+    # torch_xla 2.9 runs upsample_nearest2d_backward on the CPU on any device but a TPU (its
+    # aten_xla_type.cpp checks the device): on XLA:CPU the finding says nothing is to change
+    # for a TPU and does not fail --fail-on fallback; on a TPU it would be the port's.
+    steps = [_step(i, fallbacks={"aten::upsample_nearest2d_backward": 2, "aten::nonzero": 1})
+             for i in range(1, 5)]
+    for device, lowered_fails in (("CPU", False), ("TPU", True)):
+        analysis = analyse(_probe_with(steps), warmup=1, script="train.py", device=device)
+        by_op = {f.extra["op"]: f for f in analysis.findings if f.code == "TPU702"}
+        upsample, nonzero = by_op["aten::upsample_nearest2d_backward"], by_op["aten::nonzero"]
+        assert nonzero.fails_on == "fallback" and nonzero.severity is not Severity.INFO
+        assert (upsample.fails_on == "fallback") == lowered_fails
+        assert (upsample.severity is Severity.INFO) == (not lowered_fails)
+        assert ("nothing to change for a TPU" in upsample.explanation.fix) == (not lowered_fails)
+        assert analysis.failures(["fallback"]) == ["fallback"]
+    only_cpu = [_step(i, fallbacks={"aten::upsample_nearest2d_backward": 2}) for i in range(1, 5)]
+    assert analyse(_probe_with(only_cpu), warmup=1, script="train.py",
+                   device="CPU").failures(["fallback"]) == []

@@ -245,8 +245,103 @@ def evaluate():
 
 evaluate()
 '''
+METERS = '''
+import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--batches", type=int, default=4)
+args = parser.parse_args()
+
+
+class Meter(object):
+    def __init__(self, name, fmt=":f"):
+        self.name = name
+        self.fmt = fmt
+        self.val = 0
+        self.sum = 0
+        self.count = 0
+        self.avg = 0
+
+    def update(self, val, n=1):
+        self.val = val
+        self.sum += val * n
+        self.count += n
+        self.avg = self.sum / self.count
+
+    def __str__(self):
+        fmtstr = "{name} {val" + self.fmt + "} ({avg" + self.fmt + "})"
+        return fmtstr.format(**self.__dict__)
+
+
+class Progress(object):
+    def __init__(self, meters):
+        self.meters = meters
+
+    def display(self, batch):
+        print(" | ".join([f"[{batch}]"] + [str(meter) for meter in self.meters]))
+
+
+torch.manual_seed(0)
+device = torch.device("cuda")
+model = nn.Linear(8, 3).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+samples = args.batches * 16
+data = TensorDataset(torch.randn(samples, 8), torch.randint(0, 3, (samples,)))
+loader = DataLoader(data, batch_size=16)
+
+
+def train(print_freq):
+    losses = Meter("Loss", ":.3f")
+    progress = Progress([losses])
+    for i, (x, y) in enumerate(loader):
+        x, y = x.to(device), y.to(device)
+        loss = F.cross_entropy(model(x), y)
+        losses.update(loss.item(), x.size(0))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if i % print_freq == 0:
+            progress.display(i)
+    print(f"mean loss: {losses.avg:.3f}")
+
+
+train(100)
+'''
 TRANSFERS = RUNNER.replace('"CompileTime"', '"TransferFromDeviceTime"').replace(
     "XLA_COMPILES", "XLA_TRANSFERS")
+
+
+def _reads_with_and_without(tmp_path, source: str, code: str, applied: str,
+                            printed: tuple[str, ...]) -> dict:
+    """`source` ported with every rule and with all but `code` (`applied` is in the first port
+    only), each run for 2 and 6 batches: {(name, batches): (device-to-host transfers, the
+    printed lines that start with one of `printed`)}."""
+    from tpukit.migrate.engine import MigrateOptions, migrate_source
+    from tpukit.rules import select_rules
+
+    runs = {}
+    for name, off in (("ported", []), ("unported", [code])):
+        ported = migrate_source(source, "cuda.py", MigrateOptions(
+            rules=select_rules([], off), target="xla")).new_source
+        assert (applied in ported) == (name == "ported")
+        path = tmp_path / f"{name}.py"
+        path.write_text(ported)
+        for batches in (2, 6):
+            proc = subprocess.run([sys.executable, "-c", TRANSFERS, str(path), "--batches",
+                                   str(batches)], cwd=tmp_path, env=xla_cpu_env(
+                                       OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                                  timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            lines = [line for line in proc.stdout.splitlines() if line.startswith(printed)]
+            assert lines, proc.stdout
+            runs[name, batches] = (
+                int(re.search(r"^XLA_TRANSFERS (\d+)$", proc.stdout, re.M).group(1)), lines)
+    return runs
 
 
 @pytest.mark.xla
@@ -255,26 +350,25 @@ def test_sums_kept_on_the_device_print_the_same_with_reads_that_do_not_grow(tmp_
     ported with TPU512 (`_xla_deferred`, `_xla_value`) against the same port without it: the
     same printed sums; the port reads the device back the same number of times whatever the
     number of batches, the other twice a batch."""
-    from tpukit.migrate.engine import MigrateOptions, migrate_source
-    from tpukit.rules import select_rules
-
-    runs = {}
-    for name, off in (("ported", []), ("unported", ["TPU512"])):
-        code = migrate_source(EVALUATE, "cuda.py", MigrateOptions(
-            rules=select_rules([], off), target="xla")).new_source
-        assert ("_xla_deferred(" in code) == (name == "ported")
-        path = tmp_path / f"{name}.py"
-        path.write_text(code)
-        for batches in (2, 6):
-            proc = subprocess.run([sys.executable, "-c", TRANSFERS, str(path), "--batches",
-                                   str(batches)], cwd=tmp_path, env=xla_cpu_env(
-                                       OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                                  timeout=600)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            runs[name, batches] = (
-                int(re.search(r"^XLA_TRANSFERS (\d+)$", proc.stdout, re.M).group(1)),
-                re.search(r"^loss sum: .*$", proc.stdout, re.M).group(0))
+    runs = _reads_with_and_without(tmp_path, EVALUATE, "TPU512", "_xla_deferred(",
+                                   ("loss sum:",))
     for batches in (2, 6):
         assert runs["ported", batches][1] == runs["unported", batches][1]  # the same sums
     assert runs["ported", 6][0] == runs["ported", 2][0]
     assert runs["unported", 6][0] == runs["unported", 2][0] + 8  # two reads a batch
+
+
+@pytest.mark.xla
+def test_meters_given_device_tensors_print_the_same_with_reads_that_do_not_grow(tmp_path):
+    """pytorch/examples' ImageNet meters (`losses.update(loss.item(), n)`, a `ProgressMeter`
+    that prints every `print_freq` steps) ported with TPU513 against the same port without it:
+    the same printed lines; the port reads the device back the same number of times whatever
+    the number of batches (the meters are printed at the first batch and after the loop), the
+    other once a batch."""
+    runs = _reads_with_and_without(tmp_path, METERS, "TPU513", "_xla_deferred(loss)",
+                                   ("[", "mean loss:"))
+    for batches in (2, 6):
+        assert len(runs["ported", batches][1]) == 2
+        assert runs["ported", batches][1] == runs["unported", batches][1]  # the same lines
+    assert runs["ported", 6][0] == runs["ported", 2][0]
+    assert runs["unported", 6][0] == runs["unported", 2][0] + 4  # a read a batch

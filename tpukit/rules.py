@@ -36,7 +36,7 @@ _TOP_KEYS = frozenset(_REQUIRED) | {"engine", "message", "triggers", "statement_
 # `runs_as_written = true`: the CUDA code this rule changes runs on a TPU host as written (the
 # port is for reproducibility or speed), measured there: `tpukit run` does not count it among
 # the idioms that fail on a TPU (TPU704).
-_ENGINE_KEYS = {"runner": {"fixes"}, "cuda-only-import": {"modules"}}
+_ENGINE_KEYS = {"runner": {"fixes", "lowered_on_tpu"}, "cuda-only-import": {"modules"}}
 # A target table (`[targets.xla]`): the keys the transforms read.
 _TARGET_KEYS = frozenset({
     "aliases", "attribute", "at_import", "backend", "before", "bucket_view", "calls", "device_type", "drop",

@@ -33,9 +33,12 @@ class Analysis:
         return [kind for kind in fail_on if any(f.fails_on == kind for f in self.findings)]
 
 
-def fallback_findings(probe: Probe, steps: list[Step], loops: Loops,
-                      script: str) -> list[RunFinding]:
-    fixes = load_rules()["TPU702"].extra.get("fixes", {})
+def fallback_findings(probe: Probe, steps: list[Step], loops: Loops, script: str,
+                      device: str = "") -> list[RunFinding]:
+    """TPU702 per op and calling line; `device`: the run's PJRT_DEVICE (an op torch_xla lowers
+    on a TPU only is information, not a failure, on another device)."""
+    rule = load_rules()["TPU702"]
+    fixes, lowered = rule.extra.get("fixes", {}), rule.extra.get("lowered_on_tpu", {})
     totals: Counter = Counter()
     steady: Counter = Counter()
     for step in steps:
@@ -50,6 +53,11 @@ def fallback_findings(probe: Probe, steps: list[Step], loops: Loops,
             continue
         rate = steady[op] / steady_steps
         fix = fixes.get(op, "find a fixed-shape form of this op, or move it out of the training step")
+        severity, fails_on = None, "fallback"
+        if op in lowered and device != "TPU":
+            fix = (f"nothing to change for a TPU: torch_xla 2.9 lowers `{op}` ({lowered[op]}) "
+                   f"on a TPU and runs it on the CPU on other devices (here {device or 'not a TPU'})")
+            severity, fails_on = Severity.INFO, None
         lines = sorted(probe.fallback_lines.get(op, {}).items(), key=lambda kv: kv[0])
         first = next((s.index for s in steps if op in s.fallbacks), None)
         extra = {"op": op, "count": total, "per_step": round(rate, 4), "first_step": first}
@@ -59,7 +67,7 @@ def fallback_findings(probe: Probe, steps: list[Step], loops: Loops,
         if not lines:
             findings.append(finding(
                 "TPU702", f"`{op}` ran on the CPU {what} (the calling line was not seen: it ran "
-                "only outside the traced steps)", (script, 1), fails_on="fallback",
+                "only outside the traced steps)", (script, 1), severity, fails_on,
                 cause=effect, fix=fix, **extra))
         for where, calls in lines:
             share = f"; this line is one of {len(lines)} calling it" if len(lines) > 1 else ""
@@ -71,7 +79,7 @@ def fallback_findings(probe: Probe, steps: list[Step], loops: Loops,
                 more = {"called_from": {"path": path, "line": line, "function": forward}}
                 also = ((path, line),)
             findings.append(finding("TPU702", f"`{op}` ran on the CPU {what}{share}{via}", where,
-                                    fails_on="fallback", cause=effect, fix=fix, also=also,
+                                    severity, fails_on, cause=effect, fix=fix, also=also,
                                     traced_calls=calls, **extra, **more))
     return findings
 
@@ -162,7 +170,7 @@ def by_cost(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: -cost_s(f))
 
 
-def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
+def analyse(probe: Probe, warmup: int, script: str, device: str = "") -> Analysis:
     steps = probe.steps
     loops = Loops(steps, warmup)
     compiles = [g for s in steps for g in s.graphs if g.kind == "compile"]
@@ -170,7 +178,7 @@ def analyse(probe: Probe, warmup: int, script: str) -> Analysis:
     recompiles = recompile_findings(steps, loops, script, probe.fallback_lines, probe.models,
                                     dump.graphs if dump is not None else None)
     findings = storm_findings(probe, script) + untrained_findings(probe, script) + by_cost(
-        recompiles.findings + fallback_findings(probe, steps, loops, script)
+        recompiles.findings + fallback_findings(probe, steps, loops, script, device)
         + sync_findings(steps, loops))
     fallback_total = sum(n for s in steps for op, n in s.fallbacks.items() if op != SCALAR_READ_OP)
     long_warmup = recompiles.long_warmup_steps

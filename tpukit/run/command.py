@@ -329,7 +329,8 @@ def _report(request: RunRequest, probe, display: str, outcome, wall: float, cuda
     from tpukit.run.analysis import analyse
     from tpukit.run.summary import RunSummary
 
-    analysis = analyse(probe, request.warmup, request.script or request.module)
+    analysis = analyse(probe, request.warmup, request.script or request.module,
+                       os.environ.get("PJRT_DEVICE", ""))
     sites = probe.attention.best()
     advice = _advice(request, probe, analysis, sites)
     stats = analysis.stats

@@ -88,6 +88,18 @@ def enclosing_loop(node, parents, function):
                  if isinstance(n, (cst.For, cst.While))), None)
 
 
+def under_if(node, parents, loop) -> bool:
+    """Inside the body (not the test) of an `if` that is inside `loop`: not run at every
+    iteration (a logging interval)."""
+    child = node
+    current = parents.get(id(node))
+    while current is not None and current is not loop:
+        if isinstance(current, (cst.If, cst.Else)) and child is not getattr(current, "test", None):
+            return True
+        child, current = current, parents.get(id(current))
+    return False
+
+
 def deferred_read(original: cst.Call, updated: cst.Call) -> cst.Call:
     """`_xla_deferred(t)` for `t.item()`, `_xla_deferred(t, float)` for `float(t)`."""
     if isinstance(original.func, cst.Attribute):

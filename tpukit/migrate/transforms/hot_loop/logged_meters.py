@@ -35,7 +35,8 @@ from tpukit.migrate.analysis.bindings import Assigned, Defined, Parameter, posit
 from tpukit.migrate.nodes import ancestors, parent_map, walk
 from tpukit.migrate.transforms.base import Transform, transform
 from tpukit.migrate.transforms.hot_loop.common import (
-    _ARITHMETIC, _SCOPES, DEFERRED, VALUE, deferred_fix, enclosing_loop, ends_graph, reads_in)
+    _ARITHMETIC, _SCOPES, DEFERRED, VALUE, deferred_fix, enclosing_loop, ends_graph, reads_in,
+    under_if)
 
 _NUMBER_CALLS = ("float", "int", "round")
 _TENSOR_DATA = ("torch.tensor", "torch.as_tensor")
@@ -113,12 +114,12 @@ class _Meters:
             proven = self._class(cls, method, param)
             if proven is None:
                 raise _Blocked
-            tainted, wraps = proven
+            tainted, wraps, showing = proven
             function = self._function_of(call)
             loop = enclosing_loop(call, self.parents, function)
             if function is None or loop is None or not ends_graph(self.ctx, loop):
                 raise _Blocked
-            outside = self._receiver_uses(receiver, cls, tainted, function)
+            outside = self._receiver_uses(receiver, cls, tainted, showing, function, loop)
             for read in reads:
                 self.plan.reads[id(read)] = (read, receiver.value)
             self.plan.values.update(wraps | outside)
@@ -187,6 +188,7 @@ class _Meters:
     def _prove_class(self, cls, method, param):
         seen = False
         tainted: set[str] = set()
+        shows: set[int] = set()  # id() of reads that format or read a number back
         for node in walk(method.body):
             if not (isinstance(node, cst.Name) and node.value == param.name.value):
                 continue
@@ -224,12 +226,45 @@ class _Meters:
                         tainted.add(into)
                         changed = True
                 elif self._formatted(top):
-                    continue
+                    shows.add(id(node))
                 elif self._read_as_number(top):
                     wraps.add(id(node))
+                    shows.add(id(node))
                 else:
                     raise _Blocked
-        return frozenset(tainted), frozenset(wraps)
+        return frozenset(tainted), frozenset(wraps), self._showing(cls, shows)
+
+    def _showing(self, cls, shows: set[int]) -> frozenset:
+        """The methods that read the meter's numbers back (format them or read them as
+        numbers), directly or through another method of `self`, or that use `self` other than
+        for its attributes: a call of one of them reads the device."""
+        methods = {}
+        for statement in cls.body.body:
+            if isinstance(statement, cst.FunctionDef):
+                methods[statement.name.value] = statement
+        showing, calls = set(), {}
+        for name, method in methods.items():
+            params = positional_params(method.params)
+            own = params[0].name.value if params else None
+            calls[name] = set()
+            for node in walk(method.body):
+                if id(node) in shows or (isinstance(node, cst.Attribute)
+                                         and node.attr.value == "__dict__"):
+                    showing.add(name)
+                elif isinstance(node, cst.Name) and node.value == own:
+                    parent = self.parents.get(id(node))
+                    if not (isinstance(parent, cst.Attribute) and parent.value is node):
+                        showing.add(name)  # `self` handed on or formatted
+                    elif parent.attr.value in methods:
+                        calls[name].add(parent.attr.value)
+        changed = True
+        while changed:
+            changed = False
+            for name, called in calls.items():
+                if name not in showing and called & showing:
+                    showing.add(name)
+                    changed = True
+        return frozenset(showing)
 
     def _dict_read(self, node) -> None:
         """`fmt.format(**self.__dict__)` with `fmt` a string: each field formats its value."""
@@ -282,10 +317,41 @@ class _Meters:
         return False
 
     # -- the receiver: what its function does with it --------------------------------------
-    def _receiver_uses(self, receiver, cls, tainted, function) -> set[int]:
+    def _receiver_uses(self, receiver, cls, tainted, showing, function, loop) -> set[int]:
+        """The reads of the meter's numbers through `receiver` in `function` (to wrap); every
+        use that reads the device inside `loop` must be under an `if` (printed every N steps,
+        as TPU512's sums): read at every iteration, the port would read more, not less."""
         symbol = self.values.symbol(receiver)
         methods = self._methods(cls)
         wraps = set()
+        for node in self._local_uses(symbol, function):
+            parent = self.parents.get(id(node))
+            if isinstance(parent, cst.AssignTarget):
+                continue  # its bindings: instances of the class (_class_of)
+            if isinstance(parent, cst.Attribute):
+                call = self.parents.get(id(parent))
+                if parent.attr.value in methods:
+                    if not (isinstance(call, cst.Call) and call.func is parent):
+                        raise _Blocked  # a bound method handed on
+                    if parent.attr.value in showing:
+                        self._seldom(node, loop)
+                elif parent.attr.value in tainted and not _is_store(parent, self.parents):
+                    self._seldom(node, loop)
+                    wraps.add(id(parent))
+                continue
+            if self._formatted(node) or self._str_of(node):
+                self._seldom(node, loop)
+                continue
+            if isinstance(parent, cst.Element):
+                holder = self._kept_by_file_class(self.parents.get(id(parent)), cls, methods)
+                if holder is not None:
+                    self._holder_uses(holder, function, loop)
+                    continue
+            raise _Blocked
+        return wraps
+
+    def _local_uses(self, symbol, function):
+        """The Name nodes of the local `symbol` in `function` (not attribute names)."""
         for node in walk(function.body):
             if not (isinstance(node, cst.Name) and self.values.symbol(node) == symbol):
                 continue
@@ -294,23 +360,30 @@ class _Meters:
                 continue
             if any(isinstance(n, _SCOPES) for n in ancestors(node, self.parents, function)):
                 raise _Blocked  # seen from a nested scope
-            if isinstance(parent, cst.AssignTarget):
-                continue  # its bindings: instances of the class (_class_of)
-            if isinstance(parent, cst.Attribute):
-                call = self.parents.get(id(parent))
-                if parent.attr.value in methods:
-                    if not (isinstance(call, cst.Call) and call.func is parent):
-                        raise _Blocked  # a bound method handed on
-                elif parent.attr.value in tainted and not _is_store(parent, self.parents):
-                    wraps.add(id(parent))
-                continue
-            if self._formatted(node) or self._str_of(node):
-                continue
-            if isinstance(parent, cst.Element) and self._kept_by_file_class(
-                    self.parents.get(id(parent)), cls, methods):
-                continue
+            yield node
+
+    def _seldom(self, node, loop) -> None:
+        if any(n is loop for n in ancestors(node, self.parents, None)) \
+                and not under_if(node, self.parents, loop):
+            raise _Blocked  # read at every iteration: nothing is saved
+
+    def _holder_uses(self, call, function, loop) -> None:
+        """The holder (`progress = ProgressMeter(..., [losses], ...)`) is a local of the
+        function used only for its methods (which format the meters), and those calls are not
+        made at every iteration of `loop`."""
+        assign = self.parents.get(id(call))
+        if not (isinstance(assign, cst.Assign) and assign.value is call
+                and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name)):
             raise _Blocked
-        return wraps
+        for node in self._local_uses(self.values.symbol(assign.targets[0].target), function):
+            parent = self.parents.get(id(node))
+            if isinstance(parent, cst.AssignTarget) and parent.target is node:
+                continue
+            if not (isinstance(parent, cst.Attribute) and parent.value is node
+                    and isinstance(self.parents.get(id(parent)), cst.Call)
+                    and self.parents[id(parent)].func is parent):
+                raise _Blocked  # the holder handed on
+            self._seldom(node, loop)
 
     def _str_of(self, node) -> bool:
         arg = self.parents.get(id(node))
@@ -319,26 +392,27 @@ class _Meters:
                 and isinstance(call, cst.Call) and isinstance(call.func, cst.Name)
                 and call.func.value in ("str", "print") and not self.values.bindings(call.func))
 
-    def _kept_by_file_class(self, literal, cls, methods) -> bool:
+    def _kept_by_file_class(self, literal, cls, methods) -> cst.Call | None:
         """`[a, b, losses]` given to a class of the file whose `__init__` keeps it as an
-        attribute that is only iterated, each item formatted or given the meter's methods."""
+        attribute that is only iterated, each item formatted or given the meter's methods: the
+        holder's construction, or None."""
         arg = self.parents.get(id(literal))
         call = self.parents.get(id(arg))
         if not (isinstance(literal, (cst.List, cst.Tuple)) and isinstance(arg, cst.Arg)
                 and isinstance(call, cst.Call)):
-            return False
+            return None
         holders = self.values.classes_of(call)
         init = self._method(holders[0], "__init__") if len(holders) == 1 else None
         if init is None:
-            return False
+            return None
         index = call.args.index(arg)
         param = self._param(init, call, index)
         if param is None:
-            return False
+            return None
         key = (id(holders[0]), id(param), id(cls))
         if key not in self.containers:
             self.containers[key] = self._container(holders[0], init, param, methods)
-        return self.containers[key]
+        return call if self.containers[key] else None
 
     def _container(self, holder, init, param, methods) -> bool:
         kept = None

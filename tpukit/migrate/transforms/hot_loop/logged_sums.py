@@ -29,7 +29,7 @@ from tpukit.migrate.nodes import ancestors, parent_map, walk
 from tpukit.migrate.transforms.base import Transform, transform
 from tpukit.migrate.transforms.hot_loop.common import (
     _SCOPES, _SUMS, _UPDATES, DEFERRED, VALUE, _number, counted, deferred_fix, enclosing_loop,
-    ends_graph, read_call, reads_in)
+    ends_graph, read_call, reads_in, under_if)
 
 @dataclass
 class _Plan:
@@ -116,7 +116,7 @@ class LoggedSums(Transform):
             if any(id(n) in sums for n in above):
                 return None  # read in its own sum
             for loop in loops:
-                if loop in above and not self._under_if(node, parents, loop):
+                if loop in above and not under_if(node, parents, loop):
                     return None  # read at every iteration: nothing is saved
             loads.add(id(node))
         return loads if resets else None
@@ -134,17 +134,6 @@ class LoggedSums(Transform):
                     isinstance(ancestor, (cst.For, cst.CompFor)) and ancestor.target is child):
                 return True
             child = ancestor
-        return False
-
-    @staticmethod
-    def _under_if(node, parents, loop) -> bool:
-        """Inside the body (not the test) of an `if` that is inside `loop`."""
-        child = node
-        current = parents.get(id(node))
-        while current is not None and current is not loop:
-            if isinstance(current, (cst.If, cst.Else)) and child is not getattr(current, "test", None):
-                return True
-            child, current = current, parents.get(id(current))
         return False
 
     # -- the rewrite ------------------------------------------------------------------------
