@@ -583,3 +583,29 @@ def test_a_fallback_torch_xla_lowers_on_a_tpu_is_information_off_a_tpu_and_fails
     only_cpu = [_step(i, fallbacks={"aten::upsample_nearest2d_backward": 2}) for i in range(1, 5)]
     assert analyse(_probe_with(only_cpu), warmup=1, script="train.py",
                    device="CPU").failures(["fallback"]) == []
+
+
+PARAM = ('  %p.1 = s64[] parameter(0), metadata={{op_type="xla__device_data" '
+         'source_file="/tmp/train.py" source_line={line}}}')
+FILL = ('  %b.2 = s64[1,1]{{1,0}} broadcast(s64[] %p.1), dimensions={{}}, metadata={{'
+        'op_type="aten__expand" source_file="/tmp/train.py" source_line=15}}')
+
+
+@pytest.mark.parametrize("value,special", [("1", True), ("0", True), ("-1", True), ("2", False)])
+def test_a_number_compiled_in_as_a_special_scalar_is_named_with_its_bounded_fix(value, special):
+    # `inp.fill_(word_id)` (pytorch-tutorial's sampling loop): torch_xla passes the number as
+    # a parameter, but compiles 0, 1 and -1 in as constants (measured on XLA:CPU: fill_ with
+    # 5, 7, 3 share a graph, 0, 1, -1 each compile their own)
+    from tpukit.run.graphs import diff_graphs, fix_for
+
+    before = _hlo(PARAM.format(line=15), FILL)
+    after = _hlo(CONST.format(value=value).replace("f32[]", "s64[]").replace(
+        "source_line=12", "source_line=15"), FILL.replace("%p.1", "%c.1"))
+    for diff in (diff_graphs(before, after, _user), diff_graphs(after, before, _user)):
+        assert (diff.op == "special-scalar") == special
+        if special:
+            assert diff.line == 15 and f"`constant({value})`" in diff.what
+            assert "XLA_NO_SPECIAL_SCALARS=1" in fix_for(diff)
+    # a parameter at one line, another line's constant 1 in its place: not one number
+    elsewhere = diff_graphs(_hlo(PARAM.format(line=15)), _hlo(CONST.format(value="1")), _user)
+    assert elsewhere.op != "special-scalar"

@@ -130,6 +130,7 @@ def diff_graphs(before: list[Op], after: list[Op], is_user_file) -> Difference |
     matcher = difflib.SequenceMatcher(None, [key(o) for o in before], [key(o) for o in after],
                                       autojunk=False)
     found: list[Difference] = []
+    blocks: list[tuple[list[Op], list[Op]]] = []  # (removed, added) of each differing block
     for tag, a0, a1, b0, b1 in matcher.get_opcodes():
         if tag == "equal":
             for old, new in zip(before[a0:a1], after[b0:b1]):
@@ -137,6 +138,7 @@ def diff_graphs(before: list[Op], after: list[Op], is_user_file) -> Difference |
                     found.append(_changed(old, new))
             continue
         removed, added = list(before[a0:a1]), list(after[b0:b1])
+        blocks.append((list(removed), list(added)))
         if not lined:  # placed elsewhere in a graph lowered without lines: the same opcode
             for old in list(removed):
                 new = next((n for n in added if n.op == old.op), None)
@@ -153,6 +155,9 @@ def diff_graphs(before: list[Op], after: list[Op], is_user_file) -> Difference |
                                     op.path, op.line, op.op, "added"))
     if not found:
         return None
+    special = _special_scalar(blocks)
+    if special is not None:
+        return special
     first = next((d for d in found if d.path and is_user_file(d.path)), found[0])
     if first.kind != "changed":  # say the whole block that one line adds or drops
         same = [d for d in found if (d.kind, d.path, d.line) == (first.kind, first.path, first.line)]
@@ -162,6 +167,43 @@ def diff_graphs(before: list[Op], after: list[Op], is_user_file) -> Difference |
         first.what = f"{len(same)} instruction(s) ({shown}) are {where}"
         first.op = "all-reduce" if "all-reduce" in ops else first.op
     return first
+
+
+_SPECIAL = (0.0, 1.0, -1.0)  # torch::lazy::IsSpecialScalar: compiled in, not passed as data
+
+
+def _scalar_literal(op: Op) -> float | None:
+    """The value of a scalar `constant(1)` (`f32[]`, `s64[]`), else None."""
+    if op.op != "constant" or not op.shape.endswith("[]"):
+        return None
+    try:
+        return float(op.detail.split(",")[0])
+    except ValueError:
+        return None
+
+
+def _special_scalar(blocks: list[tuple[list[Op], list[Op]]]) -> Difference | None:
+    """A Python number passed as a scalar `parameter` in one graph and compiled in as
+    `constant(0)`, `constant(1)` or `constant(-1)` in the other, in the same block of
+    differing instructions: torch_xla (torch::lazy's IsSpecialScalar) compiles those three
+    values into the graph and passes every other value as device data, so each of them
+    compiles a graph of its own. Placed at the line either side carries (a graph lowered
+    without IR debug has none)."""
+    for removed, added in blocks:
+        for params, consts in ((removed, added), (added, removed)):
+            const = next((o for o in consts if _scalar_literal(o) in _SPECIAL), None)
+            param = next((o for o in params if o.op == "parameter" and o.shape.endswith("[]")
+                          and (not const or not o.path or not const.path
+                               or (o.path, o.line) == (const.path, const.line))), None)
+            if const is None or param is None:
+                continue
+            at = const if const.path else param
+            return Difference(
+                f"a Python number is compiled in as `constant({_scalar_literal(const):g})` in "
+                f"one graph and passed as a `parameter` in the other: torch_xla compiles the "
+                f"values 0, 1 and -1 into the graph (special scalars) and passes every other "
+                f"value as data", at.path, at.line, "special-scalar", "changed")
+    return None
 
 
 def _lined(graph: list[Op]) -> bool:
@@ -212,6 +254,11 @@ FIXES = {
     "dynamic-slice": "the slice's size changes: slice a fixed size and mask the rest",
     "constant": "a Python number that varies per step is baked into the graph as a constant: "
                 "make it a tensor on the device (`torch.tensor(value, device=device)`)",
+    "special-scalar": "each of 0, 1 and -1 compiles one graph of its own at this line, once "
+                      "(at most three more graphs, not one per step): where the number comes "
+                      "from the device (`.item()`), keep it there (`x.copy_(t)` for "
+                      "`x.fill_(t.item())`); or run with `XLA_NO_SPECIAL_SCALARS=1`, which "
+                      "makes torch_xla pass them as data too",
     "all-reduce": "a collective runs in some steps only (DistributedDataParallel under "
                   "`no_sync()` / gradient accumulation): expected once per accumulation cycle; "
                   "if every step differs, keep the sync pattern the same each step",
@@ -231,7 +278,7 @@ def slice_fix(path: str, line: int) -> str:
 def fix_for(difference: Difference) -> str:
     if difference.op == "slice" and difference.kind == "changed":
         return FIXES["slice"].format(fix=slice_fix(difference.path, difference.line))
-    if difference.op == "all-reduce" or (difference.op in FIXES and difference.kind == "changed"):
+    if difference.op in ("all-reduce", "special-scalar") or (difference.op in FIXES and difference.kind == "changed"):
         return FIXES[difference.op]
     if difference.kind in ("added", "removed"):
         return ("an op runs in some steps only (a step-dependent Python branch): run the same "
