@@ -19,7 +19,11 @@ Decided by dataflow over the file, the meter's class and what holds its instance
   `format()`, the instance's `__dict__` given to `str.format` with no `!r`/`!s` conversion in
   the file), or read as a number (`float()`, `int()`, `round()`, a comparison, an element of
   `torch.tensor([...])`'s data: read back there, `_xla_value(self.sum)`);
-- the call is in a loop that ends a graph at every iteration (as TPU512's sums).
+- the call is in a loop that ends a graph at every iteration (as TPU512's sums), and every use
+  in that loop that reads the meter back (a format or a number read of its sums, a method that
+  formats them, any method of the holder) is under an `if` (the logging interval): read at
+  every iteration, the port would read more often than the `.item()` it replaces (a format
+  reads both `val` and `avg`).
 Reads of those attributes through the receiver (`losses.avg`) become `_xla_value(losses.avg)`,
 the Python number they were. The device sums in float32 where the host summed Python floats:
 the logged figures' last digits may differ; the training does not.
