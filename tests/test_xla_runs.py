@@ -212,7 +212,8 @@ def test_a_queue_pointer_kept_on_the_device_compiles_the_same_graphs_for_every_p
     assert runs["unported", 7][0] >= runs["unported", 3][0] + 4  # 8 positions of a 32-slot queue
 
 
-EVALUATE = '''
+# The scripts of the read tests: a linear model over `--batches` batches of 16.
+SCRIPT_HEAD = '''
 import argparse
 
 import torch
@@ -223,13 +224,17 @@ from torch.utils.data import DataLoader, TensorDataset
 parser = argparse.ArgumentParser()
 parser.add_argument("--batches", type=int, default=4)
 args = parser.parse_args()
-torch.manual_seed(0)
+'''
+TRAINING_DATA = '''torch.manual_seed(0)
 device = torch.device("cuda")
 model = nn.Linear(8, 3).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 samples = args.batches * 16
 data = TensorDataset(torch.randn(samples, 8), torch.randint(0, 3, (samples,)))
 loader = DataLoader(data, batch_size=16)
+'''
 
+EVALUATE = SCRIPT_HEAD + TRAINING_DATA + '''
 
 def evaluate():
     total = 0
@@ -245,18 +250,7 @@ def evaluate():
 
 evaluate()
 '''
-METERS = '''
-import argparse
-
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
-
-parser = argparse.ArgumentParser()
-parser.add_argument("--batches", type=int, default=4)
-args = parser.parse_args()
-
+METERS = SCRIPT_HEAD + '''
 
 class Meter(object):
     def __init__(self, name, fmt=":f"):
@@ -286,14 +280,7 @@ class Progress(object):
         print(" | ".join([f"[{batch}]"] + [str(meter) for meter in self.meters]))
 
 
-torch.manual_seed(0)
-device = torch.device("cuda")
-model = nn.Linear(8, 3).to(device)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-samples = args.batches * 16
-data = TensorDataset(torch.randn(samples, 8), torch.randint(0, 3, (samples,)))
-loader = DataLoader(data, batch_size=16)
-
+''' + TRAINING_DATA + '''
 
 def train(print_freq):
     losses = Meter("Loss", ":.3f")
@@ -311,6 +298,22 @@ def train(print_freq):
 
 
 train(100)
+'''
+LOSSES = SCRIPT_HEAD + TRAINING_DATA + '''
+
+def train():
+    for i, (x, y) in enumerate(loader):
+        x, y = x.to(device), y.to(device)
+        out = model(x)
+        loss = F.cross_entropy(out, y)
+        hits = (out.argmax(1) == y).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        print("[batch %d] loss %.6f hits %d" % (i, loss.item(), hits.item()))
+
+
+train()
 '''
 TRANSFERS = RUNNER.replace('"CompileTime"', '"TransferFromDeviceTime"').replace(
     "XLA_COMPILES", "XLA_TRANSFERS")
@@ -372,3 +375,17 @@ def test_meters_given_device_tensors_print_the_same_with_reads_that_do_not_grow(
         assert runs["ported", batches][1] == runs["unported", batches][1]  # the same lines
     assert runs["ported", 6][0] == runs["ported", 2][0]
     assert runs["unported", 6][0] == runs["unported", 2][0] + 4  # a read a batch
+
+
+@pytest.mark.xla
+def test_reads_of_one_statement_in_one_transfer_print_the_same(tmp_path):
+    """PyTorch-GAN's log line (two `.item()` in one print a batch) ported with TPU514
+    (`_xla_items`) against the same port without it: the same printed lines; one device read a
+    batch where there were two."""
+    runs = _reads_with_and_without(tmp_path, LOSSES, "TPU514", "_xla_items(loss, hits)",
+                                   ("[batch",))
+    for batches in (2, 6):
+        assert len(runs["ported", batches][1]) == batches
+        assert runs["ported", batches][1] == runs["unported", batches][1]  # the same lines
+    assert runs["ported", 6][0] == runs["ported", 2][0] + 4  # one read a batch
+    assert runs["unported", 6][0] == runs["unported", 2][0] + 8  # two reads a batch

@@ -312,6 +312,16 @@ def _xla_value(value):
     uses it (inserted by tpukit); anything else as it is."""
     return value.item() if isinstance(value, torch.Tensor) else value
 ''',
+    "_xla_items": '''
+def _xla_items(*values):
+    """`v.item()` of each of `values` (inserted by tpukit): the XLA tensors among them read back
+    in one transfer (one graph run for all), where each `.item()` ran the graph of its own
+    tensor and waited for the device on its own; anything else through its own `.item()`."""
+    on_xla = [v for v in values if isinstance(v, torch.Tensor) and v.device.type == "xla"]
+    read = iter(torch_xla._XLAC._xla_get_cpu_tensors(on_xla) if on_xla else ())
+    return [next(read).item() if isinstance(v, torch.Tensor) and v.device.type == "xla"
+            else v.item() for v in values]
+''',
     "_tensor_on_host": '''
 def _tensor_on_host(value):
     """What a loop reads element by element to the host, copied there at once (inserted by
@@ -334,6 +344,7 @@ IMPORTS_OF: dict[str, tuple[str, ...]] = {**{name: () for name, _ in library_mod
                                           "_xla_put_slice": ("torch",),
                                           "_xla_deferred": ("torch",),
                                           "_xla_value": ("torch",),
+                                          "_xla_items": ("torch", "torch_xla"),
                                           "_xla_weight_norm": ("torch",),
                                           "_TpuModuleHolder": ("torch",),
                                           "_tensors_to": ("torch",),
