@@ -34,8 +34,7 @@ HELPER, NAME = "_xla_items", "_xla_read"  # helpers.py; the list the statement i
 _PURE_BUILTINS = ("str", "format", "len", "int", "float", "round", "abs", "min", "max")
 _SOMETIMES = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.IfExp,
               cst.BooleanOperation)
-_LOOPS = (cst.For, cst.While)
-_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_REPEATED = (cst.For, cst.While, cst.FunctionDef)  # a class body or the module runs once
 
 
 @dataclass
@@ -100,7 +99,7 @@ class BatchedReads(Transform):
     def _in_loop(self, node) -> bool:
         """In a loop, or in a function (pyGAT's `train(epoch)`, called once a step): what
         runs more than once. A statement of the module outside any loop runs once."""
-        return any(isinstance(above, _LOOPS + _SCOPES)
+        return any(isinstance(above, _REPEATED)
                    for above in ancestors(node, self._parent_map(), None))
 
     def _only_pure_calls(self, call: cst.Call, reads: list[cst.Call]) -> bool:
