@@ -609,3 +609,21 @@ def test_a_number_compiled_in_as_a_special_scalar_is_named_with_its_bounded_fix(
     # a parameter at one line, another line's constant 1 in its place: not one number
     elsewhere = diff_graphs(_hlo(PARAM.format(line=15)), _hlo(CONST.format(value="1")), _user)
     assert elsewhere.op != "special-scalar"
+
+
+def test_a_special_scalar_gives_way_to_a_change_in_place_but_not_to_renumbered_parameters():
+    # the parameter that went renumbers the others (`parameter(1)` -> `parameter(0)`): still
+    # the number; with a slice whose bounds changed as well, not (a change each step outranks
+    # a bounded variant)
+    from tpukit.run.graphs import diff_graphs
+
+    weights = ('  %w.{n} = f32[4]{{0}} parameter({n}), metadata={{op_type="xla__device_data" '
+               'source_file="/tmp/train.py" source_line=3}}')
+    cut = ('  %s.5 = f32[2]{{0}} slice(f32[4]{{0}} %w.1), slice={{[{start}:{stop}]}}, '
+           'metadata={{op_type="xla__select" source_file="/tmp/train.py" source_line=20}}')
+    one = CONST.format(value="1").replace("f32[]", "s64[]").replace("line=12", "line=15")
+    before = _hlo(PARAM.format(line=15), weights.format(n=1), cut.format(start=0, stop=2))
+    after = _hlo(one, weights.format(n=0), cut.format(start=0, stop=2))
+    assert diff_graphs(before, after, _user).op == "special-scalar"
+    moved = _hlo(one, weights.format(n=0), cut.format(start=2, stop=4))
+    assert diff_graphs(before, moved, _user).op != "special-scalar"

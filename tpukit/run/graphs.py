@@ -118,6 +118,7 @@ class Difference:
     line: int
     op: str
     kind: str  # changed | added | removed
+    renumbered: bool = False  # a `parameter` whose number alone changed
 
 
 def diff_graphs(before: list[Op], after: list[Op], is_user_file) -> Difference | None:
@@ -155,10 +156,15 @@ def diff_graphs(before: list[Op], after: list[Op], is_user_file) -> Difference |
                                     op.path, op.line, op.op, "added"))
     if not found:
         return None
-    special = _special_scalar(blocks)
+    # a number compiled in only where nothing else changed in place (a slice offset that
+    # changes every step outranks a bounded 0/1/-1 variant); parameters renumbered by the
+    # one that went are no change
+    moved = any(d.kind == "changed" and not d.renumbered for d in found)
+    special = None if moved else _special_scalar(blocks)
     if special is not None:
         return special
-    first = next((d for d in found if d.path and is_user_file(d.path)), found[0])
+    real = [d for d in found if not d.renumbered] or found
+    first = next((d for d in real if d.path and is_user_file(d.path)), real[0])
     if first.kind != "changed":  # say the whole block that one line adds or drops
         same = [d for d in found if (d.kind, d.path, d.line) == (first.kind, first.path, first.line)]
         ops = list(dict.fromkeys(d.op for d in same))
@@ -219,7 +225,9 @@ def _changed(old: Op, new: Op) -> Difference:
         a, b = _differing_part(old.detail, new.detail)
         what = f"`{new.op}` {a} -> {b}"
     at = new if new.path else old  # the graph that carries the line
-    return Difference(what, at.path, at.line, new.op, "changed")
+    renumbered = new.op == old.op == "parameter" and old.shape == new.shape \
+        and re.sub(r"^\d+", "", old.detail) == re.sub(r"^\d+", "", new.detail)
+    return Difference(what, at.path, at.line, new.op, "changed", renumbered)
 
 
 def _differing_part(a: str, b: str) -> tuple[str, str]:
