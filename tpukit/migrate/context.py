@@ -33,7 +33,7 @@ from tpukit.migrate.nodes import (  # noqa: F401 - the helpers rule code imports
     with_commas,
     with_string,
 )
-from tpukit.migrate.nodes import walk
+from tpukit.migrate.nodes import parent_map, walk
 from tpukit.migrate import policy
 from tpukit.migrate.analysis.cuda_code import builds_a_package, cuda_only_module
 from tpukit.migrate.sink import IMPORTS, EditSink, Report  # noqa: F401
@@ -144,6 +144,11 @@ class MigrationContext:
         if key not in self._memo:
             self._memo[key] = compute()
         return self._memo[key]
+
+    def parents(self) -> dict[int, cst.CSTNode]:
+        """id() of each node of the file -> its parent, built once per file (for the rules that
+        look above a statement: TPU513's whole-file proof, TPU514's loops)."""
+        return self.memo("parents", lambda: parent_map(self.module))
 
     def scope_text(self) -> str:
         """The code of the enclosing function, or the module's text at its top level (once per

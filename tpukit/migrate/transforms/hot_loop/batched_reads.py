@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tpukit.migrate.nodes import ancestors, parent_map, walk
+from tpukit.migrate.nodes import ancestors, walk
 from tpukit.migrate.transforms.base import Transform, transform
 
 HELPER, NAME = "_xla_items", "_xla_read"  # helpers.py; the list the statement indexes
@@ -64,7 +64,6 @@ class BatchedReads(Transform):
         super().__init__(rule, ctx)
         self.lines: dict[int, _Line] = {}  # id() of a statement line -> its reads
         self.reads: dict[int, tuple[_Line, int]] = {}  # id() of a read -> (its line, index)
-        self._parents: dict[int, cst.CSTNode] | None = None
         self.clash = False
 
     def statement_triggers(self, source: str) -> set[str]:
@@ -82,7 +81,7 @@ class BatchedReads(Transform):
             return
         if not self._in_loop(node) or not self._only_pure_calls(call, reads):
             return
-        parents = self._parent_map()
+        parents = self.ctx.parents()
         if any(isinstance(n, _SOMETIMES) for r in reads for n in ancestors(r, parents, call)):
             return
         line = _Line(reads)
@@ -91,16 +90,11 @@ class BatchedReads(Transform):
             self.reads[id(read)] = (line, index)
             self.ctx.handled.add(id(read))  # TPU501 leaves these reads to this rule
 
-    def _parent_map(self) -> dict[int, cst.CSTNode]:
-        if self._parents is None:
-            self._parents = parent_map(self.ctx.module)
-        return self._parents
-
     def _in_loop(self, node) -> bool:
         """In a loop, or in a function (pyGAT's `train(epoch)`, called once a step): what
         runs more than once. A statement of the module outside any loop runs once."""
         return any(isinstance(above, _REPEATED)
-                   for above in ancestors(node, self._parent_map(), None))
+                   for above in ancestors(node, self.ctx.parents(), None))
 
     def _only_pure_calls(self, call: cst.Call, reads: list[cst.Call]) -> bool:
         """Before the last read (in evaluation order), no call but the reads, `.format()` and

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from tpukit.migrate.analysis.bindings import Assigned, Defined, Parameter, positional_params
-from tpukit.migrate.nodes import ancestors, parent_map, walk
+from tpukit.migrate.nodes import ancestors, walk
 from tpukit.migrate.transforms.base import Transform, transform
 from tpukit.migrate.transforms.hot_loop.common import (
     _ARITHMETIC, _SCOPES, DEFERRED, VALUE, deferred_fix, enclosing_loop, ends_graph, reads_in,
@@ -84,7 +84,7 @@ class _Meters:
 
     def __init__(self, ctx) -> None:
         self.ctx, self.values = ctx, ctx.values
-        self.parents = parent_map(ctx.module)
+        self.parents = ctx.parents()
         self.plan = _Plan()
         self.classes: dict[tuple[int, str, int], tuple[frozenset, frozenset] | None] = {}
         self.containers: dict[tuple[int, int, int], bool] = {}
