@@ -198,10 +198,12 @@ def _special_scalar(blocks: list[tuple[list[Op], list[Op]]]) -> Difference | Non
     for removed, added in blocks:
         for params, consts in ((removed, added), (added, removed)):
             const = next((o for o in consts if _scalar_literal(o) in _SPECIAL), None)
+            if const is None:
+                continue
             param = next((o for o in params if o.op == "parameter" and o.shape.endswith("[]")
-                          and (not const or not o.path or not const.path
+                          and (not o.path or not const.path
                                or (o.path, o.line) == (const.path, const.line))), None)
-            if const is None or param is None:
+            if param is None:
                 continue
             at = const if const.path else param
             return Difference(
